@@ -1,0 +1,63 @@
+"""Options every stage command shares, and the error handling that keeps failures to one line."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
+
+import typer
+
+from pipeline.errors import ConfigError, PairforgeError
+from pipeline.runner import Executor, make_executor
+
+ParamsOpt = Annotated[str, typer.Option("--params", help="params.yaml to read the stage's section from.")]
+WorkersOpt = Annotated[
+    int,
+    typer.Option("--workers", "-w", help="0: run in this process; N: a Dask LocalCluster of N worker processes."),
+]
+SchedulerOpt = Annotated[
+    str | None,
+    typer.Option("--scheduler", help="Address of an existing Dask scheduler (e.g. tcp://host:8786); overrides --workers."),
+]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress (a live line on a terminal, log lines otherwise).")]
+
+
+@contextlib.contextmanager
+def executor(workers: int, scheduler: str | None) -> Iterator[Executor]:
+    ex = make_executor(workers, scheduler)
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
+def setup_logging() -> None:
+    logger = logging.getLogger("pairforge")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn pairforge errors into one line on stderr: exit 2 for config, 1 for data."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        setup_logging()
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        except PairforgeError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper

@@ -1,0 +1,327 @@
+"""Streaming readers of raw corpora: text, JSON lines, CSV/TSV and Parquet, gzipped or not.
+
+Readers never decode text and never hold more than one block plus one bounded line in memory.
+They yield ``RawBlock``s of records: the record's bytes, where it came from (file and 1-based
+record number) and, when the reader itself had to reject the record (a line over
+``max_line_bytes``, malformed JSON, a missing field), the reason. Decoding, normalisation and
+filters happen later, per shard, so that they can run in parallel.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import ConfigError, PairforgeError
+
+FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet")
+_SUFFIX_FORMAT = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+PREVIEW_BYTES = 1000
+
+# Reasons a reader can give.
+TOO_LONG = "too_long"
+MALFORMED = "malformed_record"
+
+
+class InputError(PairforgeError):
+    """An input file cannot be read at all (as opposed to a bad record inside it)."""
+
+
+@dataclass
+class RawBlock:
+    """Column lists of raw records (all the same length)."""
+
+    raw: list[bytes] = field(default_factory=list)
+    source: list[str] = field(default_factory=list)
+    line: list[int] = field(default_factory=list)
+    n_bytes: list[int] = field(default_factory=list)
+    reason: list[str | None] = field(default_factory=list)
+    detail: list[str | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def add(self, raw: bytes, source: str, line: int, n_bytes: int,
+            reason: str | None = None, detail: str | None = None) -> None:
+        self.raw.append(raw)
+        self.source.append(source)
+        self.line.append(line)
+        self.n_bytes.append(n_bytes)
+        self.reason.append(reason)
+        self.detail.append(detail)
+
+    def extend(self, other: RawBlock) -> None:
+        for name in ("raw", "source", "line", "n_bytes", "reason", "detail"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def take(self, n: int) -> RawBlock:
+        """Remove and return the first ``n`` records."""
+        head = RawBlock()
+        for name in ("raw", "source", "line", "n_bytes", "reason", "detail"):
+            column = getattr(self, name)
+            setattr(head, name, column[:n])
+            del column[:n]
+        return head
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    format: str
+    size: int
+    mtime_ns: int
+
+
+def detect_format(path: str) -> str | None:
+    name = path[:-3] if path.endswith(".gz") else path
+    return _SUFFIX_FORMAT.get(os.path.splitext(name)[1].lower())
+
+
+def resolve_inputs(patterns: list[str], fmt: str = "auto") -> list[InputFile]:
+    """Expand paths and globs (sorted, each file once) and decide each file's format."""
+    files: list[InputFile] = []
+    seen: set[str] = set()
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        matches = [m for m in matches if os.path.isfile(m)]
+        if not matches:
+            raise ConfigError(f"ingest.inputs: {pattern!r} matches no file")
+        for path in matches:
+            if path in seen:
+                continue
+            seen.add(path)
+            file_fmt = detect_format(path) if fmt == "auto" else fmt
+            if file_fmt is None:
+                raise ConfigError(
+                    f"ingest.format: cannot tell the format of {path!r} from its name; "
+                    f"set it to one of {', '.join(FORMATS)}"
+                )
+            stat = os.stat(path)
+            files.append(InputFile(path, file_fmt, stat.st_size, stat.st_mtime_ns))
+    return files
+
+
+def _open_binary(path: str) -> BinaryIO:
+    fh = open(path, "rb")
+    if fh.read(2) == b"\x1f\x8b":
+        fh.seek(0)
+        return gzip.GzipFile(fileobj=fh)  # type: ignore[return-value]
+    fh.seek(0)
+    return fh
+
+
+def iter_lines(
+    stream: BinaryIO, max_line_bytes: int, block_size: int = 1 << 20
+) -> Iterator[tuple[list[bytes], list[int]]]:
+    """Split a byte stream into lines on ``\r\n``, ``\n`` or a lone ``\r``.
+
+    Yields per block ``(lines, sizes)`` where ``sizes`` are the true byte sizes. A line longer
+    than ``max_line_bytes`` is yielded cut to its first ``PREVIEW_BYTES`` bytes and is never held
+    whole in memory, so callers tell it by ``size > max_line_bytes``. A leading UTF-8 BOM is
+    removed. Memory is bounded by ``block_size + max_line_bytes``.
+    """
+    carry = b""  # the current line so far (only its preview once it is oversized)
+    carry_size = 0  # its true size so far
+    pending_cr = False  # the previous block ended in \r, which may pair with a \n
+
+    def cut(piece: bytes, size: int) -> bytes:
+        return piece[:PREVIEW_BYTES] if size > max_line_bytes else piece
+
+    start = stream.read(3)
+    prefix = b"" if start == b"\xef\xbb\xbf" else start
+    while True:
+        block = stream.read(block_size)
+        if prefix:
+            block, prefix = prefix + block, b""
+        if not block:
+            break
+        if pending_cr:
+            block, pending_cr = b"\r" + block, False
+        if block.endswith(b"\r"):
+            block, pending_cr = block[:-1], True
+        if b"\r" in block:
+            block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        pieces = block.split(b"\n")
+        head = pieces[0]
+        if carry_size > max_line_bytes:  # already oversized: only top up the preview
+            if len(carry) < PREVIEW_BYTES:
+                carry = (carry + head[:PREVIEW_BYTES])[:PREVIEW_BYTES]
+            carry_size += len(head)
+        else:
+            carry_size += len(head)
+            carry = cut(carry + head, carry_size)
+        if len(pieces) == 1:
+            continue
+        lines = [carry]
+        sizes = [carry_size]
+        for piece in pieces[1:-1]:
+            lines.append(cut(piece, len(piece)))
+            sizes.append(len(piece))
+        tail = pieces[-1]
+        carry, carry_size = cut(tail, len(tail)), len(tail)
+        yield lines, sizes
+    if pending_cr or carry_size:
+        yield [carry], [carry_size]
+
+
+def _read_text(file: InputFile, max_line_bytes: int) -> Iterator[RawBlock]:
+    number = 0
+    with _open_binary(file.path) as fh:
+        for lines, sizes in iter_lines(fh, max_line_bytes):
+            block = RawBlock()
+            n = len(lines)
+            block.raw = lines
+            block.source = [file.path] * n
+            block.line = list(range(number + 1, number + n + 1))
+            block.n_bytes = sizes
+            block.reason = [TOO_LONG if s > max_line_bytes else None for s in sizes]
+            block.detail = [
+                f"line of {s} bytes over max_line_bytes={max_line_bytes}" if s > max_line_bytes else None
+                for s in sizes
+            ]
+            number += n
+            yield block
+
+
+def _read_jsonl(file: InputFile, field_name: str, max_line_bytes: int) -> Iterator[RawBlock]:
+    number = 0
+    with _open_binary(file.path) as fh:
+        for lines, sizes in iter_lines(fh, max_line_bytes):
+            block = RawBlock()
+            for line, size in zip(lines, sizes):
+                number += 1
+                if size > max_line_bytes:
+                    block.add(line, file.path, number, size, TOO_LONG,
+                              f"line of {size} bytes over max_line_bytes={max_line_bytes}")
+                    continue
+                if not line.strip():
+                    block.add(b"", file.path, number, size)  # dropped later as empty
+                    continue
+                try:
+                    obj = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    block.add(line, file.path, number, size, MALFORMED, f"invalid JSON: {exc}")
+                    continue
+                value = obj.get(field_name) if isinstance(obj, dict) else None
+                if not isinstance(value, str):
+                    why = (f"no field {field_name!r}" if not isinstance(obj, dict) or field_name not in obj
+                           else f"field {field_name!r} is {type(value).__name__}, not a string")
+                    block.add(line, file.path, number, size, MALFORMED, why)
+                    continue
+                # Lone surrogates from \\ud800-style escapes survive as invalid UTF-8 bytes.
+                block.add(value.encode("utf-8", "surrogatepass"), file.path, number, size)
+            yield block
+
+
+def _read_csv(file: InputFile, field_name: str, delimiter: str, max_line_bytes: int,
+              block_rows: int = 50_000) -> Iterator[RawBlock]:
+    csv.field_size_limit(max_line_bytes)
+    with _open_binary(file.path) as fh:
+        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        reader = csv.reader(text, delimiter=delimiter)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InputError(f"{file.path}: cannot read the CSV header: {exc}") from None
+        if field_name not in header:
+            raise ConfigError(
+                f"ingest.field: column {field_name!r} not in {file.path} (columns: {header})"
+            )
+        column = header.index(field_name)
+        block = RawBlock()
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                block.add(b"", file.path, reader.line_num, 0, TOO_LONG if "larger than field limit" in str(exc) else MALFORMED, f"CSV error: {exc}")
+                continue
+            if column >= len(row):
+                raw = delimiter.join(row).encode("utf-8", "surrogateescape")
+                block.add(raw, file.path, reader.line_num, len(raw), MALFORMED,
+                          f"row has {len(row)} fields, no {field_name!r}")
+            else:
+                raw = row[column].encode("utf-8", "surrogateescape")
+                block.add(raw, file.path, reader.line_num, len(raw))
+            if len(block) >= block_rows:
+                yield block
+                block = RawBlock()
+        if block:
+            yield block
+
+
+def _read_parquet(file: InputFile, field_name: str, max_line_bytes: int,
+                  block_rows: int = 65_536) -> Iterator[RawBlock]:
+    pf = pq.ParquetFile(file.path)
+    names = pf.schema_arrow.names
+    if field_name not in names:
+        raise ConfigError(f"ingest.field: column {field_name!r} not in {file.path} (columns: {names})")
+    kind = pf.schema_arrow.field(field_name).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)):
+        raise InputError(f"{file.path}: column {field_name!r} is {kind}, not text")
+    number = 0
+    for batch in pf.iter_batches(columns=[field_name], batch_size=block_rows):
+        values = batch.column(0).cast(pa.large_binary()).to_pylist()
+        block = RawBlock()
+        for value in values:
+            number += 1
+            if value is None:
+                block.add(b"", file.path, number, 0, MALFORMED, "null value")
+            elif len(value) > max_line_bytes:
+                block.add(value[:PREVIEW_BYTES], file.path, number, len(value), TOO_LONG,
+                          f"value of {len(value)} bytes over max_line_bytes={max_line_bytes}")
+            else:
+                block.add(value, file.path, number, len(value))
+        yield block
+
+
+def read_blocks(files: list[InputFile], field_name: str, max_line_bytes: int) -> Iterator[RawBlock]:
+    """Every record of every file, in order, as blocks."""
+    for file in files:
+        if file.format == "txt":
+            yield from _read_text(file, max_line_bytes)
+        elif file.format == "jsonl":
+            yield from _read_jsonl(file, field_name, max_line_bytes)
+        elif file.format in ("csv", "tsv"):
+            yield from _read_csv(file, field_name, "," if file.format == "csv" else "\t", max_line_bytes)
+        elif file.format == "parquet":
+            yield from _read_parquet(file, field_name, max_line_bytes)
+        else:
+            raise ConfigError(f"ingest.format: {file.format!r} is not one of {', '.join(FORMATS)}")
+
+
+def read_chunks(files: list[InputFile], field_name: str, max_line_bytes: int,
+                chunk_rows: int) -> Iterator[RawBlock]:
+    """Records regrouped into chunks of exactly ``chunk_rows`` (the last may be shorter)."""
+    pending = RawBlock()
+    for block in read_blocks(files, field_name, max_line_bytes):
+        pending.extend(block)
+        while len(pending) >= chunk_rows:
+            yield pending.take(chunk_rows)
+    if pending:
+        yield pending

@@ -1,0 +1,162 @@
+"""Map a per-shard stage function over the shards of a dataset, in-process or on Dask.
+
+A shard function takes one Arrow table and returns a ``ShardResult``: one table per named
+output plus per-shard counts. ``map_shards`` writes each output table as shard ``i`` of its
+dataset (atomically, with a finished-marker) and skips the shards a killed run already
+finished. The function must be picklable (a module-level function or a ``functools.partial``
+of one) so that Dask workers can run it; the output folders must be visible to the workers
+(always true for a LocalCluster; a shared filesystem for a remote cluster).
+
+Executors are chosen at the edge (``make_executor``); no stage imports Dask.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.errors import ConfigError
+from pipeline.progress import Progress
+from pipeline.schemas import SchemaSpec
+from pipeline.shards import DatasetWriter, ShardInfo, write_shard
+
+log = logging.getLogger("pairforge")
+
+
+@dataclass
+class ShardResult:
+    """What a shard function returns: output tables by name, and counts to aggregate."""
+
+    tables: dict[str, pa.Table]
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+ShardFn = Callable[[pa.Table], ShardResult]
+
+
+class Executor(Protocol):
+    name: str
+
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Runs tasks one after another in this process."""
+
+    name = "in-process"
+
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+        for item in items:
+            yield fn(item)
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """Runs tasks on a Dask cluster: a new LocalCluster of ``workers`` processes on loopback,
+    or an existing scheduler at ``scheduler`` (for example ``tcp://10.0.0.5:8786``)."""
+
+    def __init__(self, workers: int = 0, scheduler: str | None = None) -> None:
+        from dask.distributed import Client, LocalCluster
+
+        self.cluster = None
+        if scheduler:
+            self.client = Client(scheduler)
+            self.name = f"dask scheduler {scheduler}"
+        else:
+            self.cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.WARNING,
+            )
+            self.client = Client(self.cluster)
+            self.name = f"dask LocalCluster ({workers} workers)"
+
+    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+        from dask.distributed import as_completed
+
+        if not items:
+            return
+        futures = self.client.map(fn, items, pure=False)
+        for future in as_completed(futures):
+            yield future.result()
+
+    def close(self) -> None:
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+def make_executor(workers: int = 0, scheduler: str | None = None) -> Executor:
+    """``workers=0`` and no scheduler runs in-process; otherwise Dask."""
+    if workers < 0:
+        raise ConfigError(f"--workers must be >= 0, got {workers}")
+    if scheduler or workers > 0:
+        return DaskExecutor(workers=workers, scheduler=scheduler)
+    return LocalExecutor()
+
+
+@dataclass(frozen=True)
+class _Job:
+    index: int
+    input: str
+    outputs: dict[str, tuple[str, SchemaSpec, str]]  # name -> (folder, spec, dataset label)
+
+
+def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
+    table = pq.read_table(job.input)
+    result = fn(table)
+    if set(result.tables) != set(job.outputs):
+        raise ValueError(
+            f"shard function returned outputs {sorted(result.tables)}, "
+            f"expected {sorted(job.outputs)}"
+        )
+    infos = {}
+    for name, (folder, spec, label) in job.outputs.items():
+        infos[name] = write_shard(
+            Path(folder), job.index, result.tables[name], spec, label, result.counts
+        )
+    return job.index, table.num_rows, infos
+
+
+def map_shards(
+    fn: ShardFn,
+    inputs: Iterable[str | Path],
+    outputs: dict[str, DatasetWriter],
+    executor: Executor,
+    label: str,
+    progress: bool = True,
+) -> dict[str, list[ShardInfo]]:
+    """Run ``fn`` over every input shard not yet finished; return the shard infos per output,
+    in input order (finished shards from an earlier run included)."""
+    inputs = [str(p) for p in inputs]
+    specs = {
+        name: (str(w.path), w.spec, w.name) for name, w in outputs.items()
+    }
+    todo = [
+        _Job(i, path, specs)
+        for i, path in enumerate(inputs)
+        if not all(w.is_done(i) for w in outputs.values())
+    ]
+    bar = Progress(label, total=len(inputs), skipped=len(inputs) - len(todo), enabled=progress)
+    if todo:
+        log.info("%s: %d of %d shards to compute on %s", label, len(todo), len(inputs), executor.name)
+    for _, rows, _ in executor.map_unordered(functools.partial(_run_job, fn), todo):
+        bar.advance(done=1, rows=rows)
+    bar.close()
+    return {
+        name: [w.done_info(i) for i in range(len(inputs))] for name, w in outputs.items()
+    }

@@ -1,0 +1,55 @@
+"""What code produced a dataset: the package version, the git commit when there is one, and a
+hash of the pipeline's own source (so a changed stage never resumes on shards of the old code)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE_PACKAGES = ("pipeline", "stages", "train")
+
+
+@functools.cache
+def package_version() -> str:
+    try:
+        return metadata.version("pairforge")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+@functools.cache
+def source_hash() -> str:
+    """sha256 over the Python sources of the pairforge packages, first 12 hex digits."""
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            digest.update(str(file.relative_to(ROOT)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@functools.cache
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def code_version() -> str:
+    """``<version>+src.<source hash>``, plus ``.git.<commit>`` inside a git checkout."""
+    parts = [f"{package_version()}+src.{source_hash()}"]
+    commit = git_commit()
+    if commit:
+        parts.append(f"git.{commit}")
+    return ".".join(parts)

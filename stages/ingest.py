@@ -1,0 +1,438 @@
+"""ingest: raw corpus files -> clean, deduplicated, id'd sentence shards (+ a quarantine).
+
+Three steps, each resumable at shard granularity:
+
+1. read   (sequential, streaming)  raw files -> ``raw_records`` chunks of ``chunk_rows``
+2. clean  (``clean_shard``, mapped over chunks in-process or on Dask) -> ``clean_records`` and
+          per-row rejects: decode, NFC, whitespace and control characters, length filters, ids
+3. dedup  (sequential, vectorised) -> ``sentences`` shards of ``rows_per_shard`` rows, first
+          occurrence kept; the quarantine gets the clean-step rejects and the duplicates
+
+Every record read ends in exactly one of the two datasets: ``rows_read == kept + dropped`` is
+checked before the metrics are written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import typer
+from pydantic import Field, model_validator
+
+from pipeline import schemas as S
+from pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    WorkersOpt,
+    cli_errors,
+    executor,
+)
+from pipeline.config import StageConfig, stage_config
+from pipeline.errors import DataIntegrityError
+from pipeline.progress import Progress
+from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
+from pipeline.runner import Executor, ShardResult, map_shards
+from pipeline.shards import DatasetWriter, atomic_write_json, canonical_json
+from pipeline.text import normalize, sentence_ids, word_counts
+from pipeline.version import source_hash
+
+log = logging.getLogger("pairforge")
+
+STAGE = "ingest"
+PREVIEW_CHARS = 500
+# Drop reasons, in the order they are tested; a row gets the first that applies.
+READER_REASONS = ("too_long", "malformed_record")
+REASONS = ("invalid_utf8", "nul_byte", "malformed_record", "empty", "too_short", "too_long", "duplicate")
+
+
+class IngestConfig(StageConfig):
+    """The ``ingest`` section of params.yaml."""
+
+    inputs: list[str] = Field(min_length=1, description="files or globs to read, in order")
+    format: Literal["auto", "txt", "jsonl", "csv", "tsv", "parquet"] = "auto"
+    field: str = Field("text", description="JSON field / CSV column / Parquet column to read")
+    min_words: int = Field(3, ge=0)
+    max_words: int = Field(128, ge=1)
+    max_chars: int = Field(2000, ge=1)
+    max_line_bytes: int = Field(1 << 20, ge=1024, description="longer records are never held whole")
+    invalid_utf8: Literal["quarantine", "replace"] = "quarantine"
+    rows_per_shard: int = Field(100_000, ge=1)
+    chunk_rows: int = Field(50_000, ge=1, description="rows per parallel work unit")
+    output: str = "data/sentences"
+    quarantine: str = "data/quarantine/ingest"
+    metrics: str = "metrics/ingest.json"
+
+    @model_validator(mode="after")
+    def _words_order(self) -> IngestConfig:
+        if self.min_words > self.max_words:
+            raise ValueError(f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})")
+        return self
+
+
+# --- step 2: the pure per-shard function ------------------------------------------------------
+
+
+def _decode(raw: pa.Array, replace: bool) -> tuple[pa.Array, np.ndarray]:
+    """UTF-8 decode; returns the text (invalid bytes replaced) and a mask of invalid rows."""
+    try:
+        return pc.cast(raw, pa.string()), np.zeros(len(raw), dtype=bool)
+    except pa.ArrowInvalid:
+        pass
+    texts, invalid = [], np.zeros(len(raw), dtype=bool)
+    for i, value in enumerate(raw.to_pylist()):
+        try:
+            texts.append(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            texts.append(value.decode("utf-8", "replace"))
+            invalid[i] = not replace
+    return pa.array(texts, pa.string()), invalid
+
+
+def clean_shard(
+    table: pa.Table, *, min_words: int, max_words: int, max_chars: int, invalid_utf8: str
+) -> ShardResult:
+    """``raw_records`` -> ``clean`` (``clean_records``) and ``rejected`` (``quarantine``) tables.
+
+    Pure: no files, no globals. Counts: ``read``, ``kept`` and ``dropped.<reason>``.
+    """
+    S.RAW_RECORDS.check_table(table, "raw_records chunk")
+    n = table.num_rows
+    raw = table[S.RAW].combine_chunks()
+    reason = np.array(table[S.REASON].to_pylist(), dtype=object)
+    detail = np.array(table[S.DETAIL].to_pylist(), dtype=object)
+    text, invalid = _decode(raw, replace=invalid_utf8 == "replace")
+    norm = normalize(text)
+    words = word_counts(norm)
+    chars = pc.utf8_length(norm).to_numpy(zero_copy_only=False)
+    has_nul = pc.match_substring(raw, b"\x00").to_numpy(zero_copy_only=False)
+
+    def assign(mask: np.ndarray, why: str, why_detail: object = None) -> None:
+        todo = mask & (reason == None)  # noqa: E711 - elementwise test on an object array
+        reason[todo] = why
+        if why_detail is not None:
+            detail[todo] = why_detail[todo] if isinstance(why_detail, np.ndarray) else why_detail
+
+    assign(invalid, "invalid_utf8", "bytes that are not UTF-8")
+    assign(has_nul, "nul_byte", "NUL byte in the record")
+    assign(words == 0, "empty")
+    assign(words < min_words, "too_short", np.array([f"{w} words < min_words={min_words}" for w in words], dtype=object))
+    too_long = (words > max_words) | (chars > max_chars)
+    assign(
+        too_long,
+        "too_long",
+        np.array([f"{w} words, {c} chars (max {max_words} words, {max_chars} chars)" for w, c in zip(words, chars)], dtype=object)
+        if too_long.any() else None,
+    )
+    keep = reason == None  # noqa: E711
+    kept_text = norm.filter(pa.array(keep))
+    ids, keys = sentence_ids(kept_text.to_pylist())
+    keep_idx = pa.array(np.flatnonzero(keep))
+    clean = pa.table(
+        {
+            S.ID: pa.array(ids, pa.string()),
+            S.KEY: pa.array(keys, pa.uint64()),
+            S.TEXT: kept_text,
+            S.SOURCE: table[S.SOURCE].take(keep_idx),
+            S.LINE: table[S.LINE].take(keep_idx),
+        }
+    )
+    drop_idx = np.flatnonzero(~keep)
+    rejected = _quarantine_rows(
+        reason[drop_idx], table[S.SOURCE].take(pa.array(drop_idx)), table[S.LINE].take(pa.array(drop_idx)),
+        text.take(pa.array(drop_idx)), table[S.N_BYTES].take(pa.array(drop_idx)), detail[drop_idx],
+    )
+    counts = {"read": n, "kept": int(keep.sum())}
+    for why, count in zip(*np.unique(reason[drop_idx].astype(str), return_counts=True)):
+        counts[f"dropped.{why}"] = int(count)
+    return ShardResult({"clean": clean, "rejected": rejected}, counts)
+
+
+def _quarantine_rows(reason, source, line, text, n_bytes, detail) -> pa.Table:
+    preview = pc.utf8_slice_codeunits(text, 0, PREVIEW_CHARS) if len(text) else text
+    return pa.table(
+        {
+            S.REASON: pa.array(list(reason), pa.string()),
+            S.SOURCE: source,
+            S.LINE: line,
+            S.TEXT: preview,
+            S.N_BYTES: n_bytes,
+            S.DETAIL: pa.array(list(detail), pa.string()),
+        }
+    )
+
+
+# --- step 3: deduplication --------------------------------------------------------------------
+
+
+class Deduplicator:
+    """First-occurrence deduplication over a stream of uint64 keys, in O(unique keys) memory."""
+
+    def __init__(self) -> None:
+        self.seen = np.empty(0, dtype=np.uint64)  # sorted
+
+    def keep_mask(self, keys: np.ndarray) -> np.ndarray:
+        keep = np.zeros(len(keys), dtype=bool)
+        if not len(keys):
+            return keep
+        _, first = np.unique(keys, return_index=True)
+        keep[first] = True
+        if len(self.seen):
+            pos = np.minimum(np.searchsorted(self.seen, keys), len(self.seen) - 1)
+            keep &= self.seen[pos] != keys
+        new = np.sort(keys[keep])
+        # Two sorted runs: the stable sort (timsort) merges them in linear time.
+        self.seen = np.sort(np.concatenate([self.seen, new]), kind="stable")
+        return keep
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+def _fingerprint(cfg: IngestConfig, files: list[InputFile]) -> str:
+    payload = {
+        "stage": STAGE,
+        "params": cfg.model_dump(exclude={"output", "quarantine", "metrics"}),
+        "inputs": [[f.path, f.format, f.size, f.mtime_ns] for f in files],
+        "code": source_hash(),
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def _block_table(block: RawBlock) -> pa.Table:
+    return pa.table(
+        {
+            S.RAW: pa.array(block.raw, pa.binary()),
+            S.SOURCE: pa.array(block.source, pa.string()),
+            S.LINE: pa.array(block.line, pa.int64()),
+            S.N_BYTES: pa.array(block.n_bytes, pa.int64()),
+            S.REASON: pa.array(block.reason, pa.string()),
+            S.DETAIL: pa.array(block.detail, pa.string()),
+        }
+    )
+
+
+def _read_step(cfg: IngestConfig, files: list[InputFile], writer: DatasetWriter, progress: bool) -> int:
+    if writer.complete:
+        return len(writer.finished_shards())
+    bar = Progress("ingest/read", unit="chunks", enabled=progress)
+    chunks = 0
+    for index, block in enumerate(read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows)):
+        if not writer.is_done(index):
+            writer.write(index, _block_table(block))
+        bar.advance(done=1, rows=len(block))
+        chunks = index + 1
+    bar.close()
+    writer.finalize(chunks)
+    return chunks
+
+
+def _dedup_step(
+    cfg: IngestConfig,
+    clean: DatasetWriter,
+    rejected: DatasetWriter,
+    sentences: DatasetWriter,
+    quarantine: DatasetWriter,
+    progress: bool,
+) -> tuple[int, int, int]:
+    """Write final shards; returns (sentence shards, quarantine shards, duplicates)."""
+    from pipeline.shards import open_dataset
+
+    clean_ds = open_dataset(clean.path, S.CLEAN_RECORDS)
+    rejected_ds = open_dataset(rejected.path, S.QUARANTINE)
+    dedup = Deduplicator()
+    masks = [dedup.keep_mask(t[S.KEY].to_numpy()) for t in clean_ds.iter_shards([S.KEY])]
+    del dedup
+    duplicates = int(sum(len(m) - m.sum() for m in masks))
+    kept_total = int(sum(m.sum() for m in masks))
+    rps = cfg.rows_per_shard
+    n_out = -(-kept_total // rps) if kept_total else 0
+    bar = Progress("ingest/dedup", total=len(masks), unit="chunks", enabled=progress)
+    buffer: list[tuple[pa.Table | None, int]] = []  # kept rows waiting for their shard
+    buffered = 0
+    emitted = 0  # kept rows already assigned to sentence shards
+    shard = 0
+    for i, mask in enumerate(masks):
+        kept_i = int(mask.sum())
+        lo, hi = emitted + buffered, emitted + buffered + kept_i  # global kept positions
+        touches = range(lo // rps, -(-hi // rps)) if kept_i else range(0)
+        need = not quarantine.is_done(i) or any(not sentences.is_done(j) for j in touches)
+        table = clean_ds.read_shard(i) if need else None
+        if not quarantine.is_done(i):
+            parts = [rejected_ds.read_shard(i), _duplicates(table, mask)]
+            quarantine.write(i, pa.concat_tables([S.QUARANTINE.conform(t, cfg.quarantine) for t in parts]))
+        if kept_i:
+            kept = table.filter(pa.array(mask)).drop_columns([S.KEY]) if table is not None else None
+            buffer.append((kept, kept_i))
+            buffered += kept_i
+        while buffered >= rps or (i == len(masks) - 1 and buffered > 0):
+            take = min(rps, buffered)
+            head, buffer = _split_front(buffer, take)
+            if not sentences.is_done(shard):
+                if any(t is None for t, _ in head):
+                    raise DataIntegrityError(f"ingest: internal error, shard {shard} needs unread rows")
+                sentences.write(shard, pa.concat_tables([t for t, _ in head]))
+            buffered -= take
+            emitted += take
+            shard += 1
+        bar.advance(done=1, rows=kept_i)
+    bar.close()
+    if shard != n_out:
+        raise DataIntegrityError(f"ingest: wrote {shard} sentence shards, expected {n_out}")
+    return n_out, len(masks), duplicates
+
+
+def _duplicates(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    rows = table.filter(pa.array(~mask))
+    return _quarantine_rows(
+        np.full(rows.num_rows, "duplicate", dtype=object),
+        rows[S.SOURCE],
+        rows[S.LINE],
+        rows[S.TEXT],
+        pc.binary_length(rows[S.TEXT].cast(pa.binary())).cast(pa.int64()),
+        np.array([f"same text as id {x}" for x in rows[S.ID].to_pylist()], dtype=object),
+    )
+
+
+def _split_front(
+    buffer: list[tuple[pa.Table | None, int]], n: int
+) -> tuple[list[tuple[pa.Table | None, int]], list[tuple[pa.Table | None, int]]]:
+    """Split a buffer of (table or unread placeholder, rows) after its first ``n`` rows."""
+    head: list[tuple[pa.Table | None, int]] = []
+    for k, (table, rows) in enumerate(buffer):
+        if n == 0:
+            return head, buffer[k:]
+        if rows <= n:
+            head.append((table, rows))
+            n -= rows
+        else:
+            head.append((table.slice(0, n) if table is not None else None, n))
+            rest = (table.slice(n) if table is not None else None, rows - n)
+            return head, [rest, *buffer[k + 1 :]]
+    return head, []
+
+
+def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
+    """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
+    files = resolve_inputs(cfg.inputs, cfg.format)
+    fingerprint = _fingerprint(cfg, files)
+    params = cfg.model_dump()
+    out = Path(cfg.output)
+    sentences = DatasetWriter(out, S.SENTENCES, stage=STAGE, params=params, fingerprint=fingerprint,
+                              rows_per_shard=cfg.rows_per_shard, name=cfg.output)
+    quarantine = DatasetWriter(cfg.quarantine, S.QUARANTINE, stage=STAGE, params=params,
+                               fingerprint=fingerprint, name=cfg.quarantine)
+    work = out / "_work"
+    if not (sentences.complete and quarantine.complete):
+        def work_writer(name: str, spec: S.SchemaSpec) -> DatasetWriter:
+            return DatasetWriter(work / name, spec, stage=STAGE, params=params,
+                                 fingerprint=fingerprint, rows_per_shard=cfg.chunk_rows)
+
+        raw = work_writer("raw", S.RAW_RECORDS)
+        n_chunks = _read_step(cfg, files, raw, progress)
+        clean = work_writer("clean", S.CLEAN_RECORDS)
+        rejected = work_writer("rejected", S.QUARANTINE)
+        fn = _clean_fn(cfg)
+        map_shards(fn, [work / "raw" / s["file"] for s in _manifest_shards(raw)],
+                   {"clean": clean, "rejected": rejected}, executor, "ingest/clean", progress)
+        clean.finalize(n_chunks)
+        rejected.finalize(n_chunks)
+        n_out, n_q, duplicates = _dedup_step(cfg, clean, rejected, sentences, quarantine, progress)
+        chunk_counts = [s.counts for s in clean.finished_shards()]
+        counts: dict[str, int] = {}
+        for c in chunk_counts:
+            for k, v in c.items():
+                counts[k] = counts.get(k, 0) + v
+        counts["dropped.duplicate"] = duplicates
+        counts["kept"] -= duplicates
+        sentences.finalize(n_out, extra={"counts": counts, "inputs": [f.path for f in files]})
+        quarantine.finalize(n_q, extra={"counts": counts, "inputs": [f.path for f in files]})
+    shutil.rmtree(work, ignore_errors=True)
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    metrics = _metrics(counts, sentences, quarantine)
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    log.info(
+        "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
+        metrics["rows_read"], len(files), metrics["rows_kept"], metrics["rows_dropped_total"],
+        ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
+    )
+    return metrics
+
+
+def _manifest_shards(writer: DatasetWriter) -> list[dict]:
+    return json.loads((writer.path / "manifest.json").read_text())["shards"]
+
+
+def _clean_fn(cfg: IngestConfig):
+    import functools
+
+    return functools.partial(
+        clean_shard, min_words=cfg.min_words, max_words=cfg.max_words,
+        max_chars=cfg.max_chars, invalid_utf8=cfg.invalid_utf8,
+    )
+
+
+def _metrics(counts: dict[str, int], sentences: DatasetWriter, quarantine: DatasetWriter) -> dict:
+    dropped = {r: int(counts.get(f"dropped.{r}", 0)) for r in REASONS}
+    metrics = {
+        "rows_read": int(counts["read"]),
+        "rows_kept": int(counts["kept"]),
+        "rows_dropped": dropped,
+        "rows_dropped_total": sum(dropped.values()),
+        "shards": len(sentences.finished_shards()),
+    }
+    written_kept = sum(s.rows for s in sentences.finished_shards())
+    written_dropped = sum(s.rows for s in quarantine.finished_shards())
+    if (
+        metrics["rows_read"] != metrics["rows_kept"] + metrics["rows_dropped_total"]
+        or written_kept != metrics["rows_kept"]
+        or written_dropped != metrics["rows_dropped_total"]
+    ):
+        raise DataIntegrityError(
+            f"ingest accounting mismatch: read {metrics['rows_read']}, kept {metrics['rows_kept']} "
+            f"(written {written_kept}), dropped {metrics['rows_dropped_total']} (written {written_dropped})"
+        )
+    return metrics
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+@cli_errors
+def command(
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="A file or glob to read; repeat for several. Default: ingest.inputs.")] = None,
+    format: Annotated[str | None, typer.Option("--format", help="auto (from the file name), txt, jsonl, csv, tsv or parquet.")] = None,
+    field: Annotated[str | None, typer.Option(help="JSON field, CSV/TSV column or Parquet column holding the text.")] = None,
+    min_words: Annotated[int | None, typer.Option(help="Drop rows with fewer words (reason too_short).")] = None,
+    max_words: Annotated[int | None, typer.Option(help="Drop rows with more words (reason too_long).")] = None,
+    max_chars: Annotated[int | None, typer.Option(help="Drop rows with more characters (reason too_long).")] = None,
+    max_line_bytes: Annotated[int | None, typer.Option(help="Records above this size are dropped without being held in memory.")] = None,
+    invalid_utf8: Annotated[str | None, typer.Option(help="quarantine: drop rows that are not UTF-8; replace: keep them with U+FFFD.")] = None,
+    rows_per_shard: Annotated[int | None, typer.Option(help="Rows per output Parquet shard.")] = None,
+    chunk_rows: Annotated[int | None, typer.Option(help="Rows per parallel work unit.")] = None,
+    output: Annotated[str | None, typer.Option(help="Output dataset folder.")] = None,
+    quarantine: Annotated[str | None, typer.Option(help="Quarantine dataset folder.")] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    params: ParamsOpt = "params.yaml",
+    workers: WorkersOpt = 0,
+    scheduler: SchedulerOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Read raw corpus files into clean, deduplicated, id'd sentence shards.
+
+    Every option defaults to the key of the same name in the `ingest` section of params.yaml.
+    Dropped rows go to the quarantine dataset with their reason, file and line.
+    """
+    overrides = {k: v for k, v in locals().items() if k in IngestConfig.model_fields}
+    cfg = stage_config(STAGE, IngestConfig, params, overrides)
+    with executor(workers, scheduler) as ex:
+        run(cfg, ex, progress=progress)

@@ -1,0 +1,309 @@
+"""DebCSE inverse-propensity-weighted (IPW) sampling probabilities, eqs. 1-6 of section 4.
+
+Every score function works on one pool (a 1-D array, ``offsets=None``) or on many pools at once in
+ragged form: flat arrays holding the pools back to back, and ``offsets`` of shape
+``(n_pools + 1,)`` with ``offsets[0] == 0`` and ``offsets[-1] == len(flat)``; pool ``i`` is
+``flat[offsets[i]:offsets[i + 1]]``. That is the layout of an Arrow list column
+(``pa.ListArray.from_arrays(offsets, values)``), so pools go to and from Parquet without copies,
+and every per-pool reduction is a ``ufunc.reduceat`` over the flat array, fast for millions of pairs.
+
+Single-pool functions reject an empty pool; in ragged form empty pools are allowed (a short pool
+kept by the "none" fallback is one) and contribute nothing, see each function.
+
+Temperature: every softmax divides its logits by ``temperature``; ``1.0`` is the paper as printed.
+As printed the softmaxes barely move away from ``1/n`` (normalised edits and cosines lie in [0, 1],
+so logits differ by less than 1), and P_neg / P_pos come out nearly uniform: METHODS.md's
+3-candidate example gives 0.319 / 0.342 / 0.339. A temperature below 1 sharpens all three softmaxes
+of a distribution (eqs. 1, 2 and 4, or 1, 2 and 6); :func:`entropy_ratio` measures the result.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "PoolSample",
+    "Sample",
+    "entropy_ratio",
+    "negative_probs",
+    "pool_entropy_ratios",
+    "positive_probs",
+    "sample_pools",
+    "sample_without_replacement",
+    "segment_ids",
+    "semantic_scores",
+    "surface_scores",
+]
+
+
+# ----------------------------------------------------------------------------- ragged helpers
+
+
+def check_offsets(offsets: np.ndarray, n_flat: int) -> np.ndarray:
+    """Return ``offsets`` as int64 after checking it describes ``n_flat`` elements, else ValueError."""
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or offsets.size == 0:
+        raise ValueError(f"offsets must be 1-D with n_pools + 1 entries, got shape {offsets.shape}")
+    if not np.issubdtype(offsets.dtype, np.integer):
+        raise ValueError(f"offsets must be integers, got dtype {offsets.dtype}")
+    offsets = offsets.astype(np.int64, copy=False)
+    if offsets[0] != 0 or offsets[-1] != n_flat:
+        raise ValueError(
+            f"offsets must start at 0 and end at the flat length {n_flat}, "
+            f"got {int(offsets[0])} .. {int(offsets[-1])}"
+        )
+    if np.any(np.diff(offsets) < 0):
+        raise ValueError("offsets must be non-decreasing")
+    return offsets
+
+
+def segment_ids(offsets: np.ndarray) -> np.ndarray:
+    """Pool index of every flat element, shape ``(offsets[-1],)`` int64."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
+
+
+def _segment_reduce(ufunc: np.ufunc, x: np.ndarray, offsets: np.ndarray, empty: float) -> np.ndarray:
+    """``ufunc.reduce`` of each pool, ``empty`` for empty pools; shape ``(n_pools,)``."""
+    counts = np.diff(offsets)
+    out = np.full(counts.size, empty, dtype=x.dtype)
+    nonempty = counts > 0
+    if x.size:
+        # reduceat over the starts of the non-empty pools only: the next non-empty start is exactly
+        # where the current pool ends, so empty pools (repeated offsets) cannot leak values.
+        out[nonempty] = ufunc.reduceat(x, offsets[:-1][nonempty])
+    return out
+
+
+def _as_scores(x: np.ndarray, name: str) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one pool or flat ragged pools), got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
+def _prepare(
+    x: np.ndarray, offsets: np.ndarray | None, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    x = _as_scores(x, name)
+    if offsets is None:
+        if x.size == 0:
+            raise ValueError(f"empty pool: {name} has no candidates")
+        return x, np.array([0, x.size], dtype=np.int64)
+    return x, check_offsets(offsets, x.size)
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+
+
+def _check_lambda(lam: float, name: str) -> None:
+    if not (0.0 <= lam <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {lam}")
+
+
+def _softmax(x: np.ndarray, offsets: np.ndarray, temperature: float) -> np.ndarray:
+    """Softmax of ``x / temperature`` within each pool; flat, same shape as ``x``."""
+    z = x / temperature  # (N,)
+    seg = segment_ids(offsets)  # (N,)
+    z = z - _segment_reduce(np.maximum, z, offsets, 0.0)[seg]  # stable: max logit of each pool is 0
+    e = np.exp(z)
+    return e / _segment_reduce(np.add, e, offsets, 1.0)[seg]
+
+
+# ----------------------------------------------------------------------------- eqs. 1-6
+
+
+def surface_scores(
+    edit: np.ndarray, offsets: np.ndarray | None = None, temperature: float = 1.0
+) -> np.ndarray:
+    """Surface-similarity score S_sur of each candidate (eq. 1), same shape as ``edit``.
+
+    ``edit`` is the edit distance of each candidate to its anchor (see ``edits.py``; normalised
+    distances in [0, 1] by default). A larger distance gives a smaller S_sur. Values lie in
+    [0, 1); a one-candidate pool scores 0.
+    """
+    _check_temperature(temperature)
+    edit, offsets = _prepare(edit, offsets, "edit")
+    return 1.0 - _softmax(edit, offsets, temperature)  # eq. 1
+
+
+def semantic_scores(
+    cos: np.ndarray, offsets: np.ndarray | None = None, temperature: float = 1.0
+) -> np.ndarray:
+    """Semantic-similarity score S_sem of each candidate (eq. 2): softmax of the cosines per pool."""
+    _check_temperature(temperature)
+    cos, offsets = _prepare(cos, offsets, "cos")
+    return _softmax(cos, offsets, temperature)  # eq. 2
+
+
+def _check_pair(edit: np.ndarray, cos: np.ndarray) -> None:
+    if np.shape(edit) != np.shape(cos):
+        raise ValueError(f"edit and cos must have the same shape, got {np.shape(edit)} and {np.shape(cos)}")
+
+
+def negative_probs(
+    edit: np.ndarray,
+    cos: np.ndarray,
+    offsets: np.ndarray | None = None,
+    lambda_n: float = 0.8,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """P_neg(j|i), the probability of drawing each negative candidate (eqs. 3-4), float64.
+
+    Favours candidates close in surface form (small edit) and far in meaning (small cos).
+    ``lambda_n`` weighs semantics against surface (paper's best: 0.8, Table 6). Sums to 1 per pool.
+    """
+    _check_lambda(lambda_n, "lambda_n")
+    _check_pair(edit, cos)
+    s_sur = surface_scores(edit, offsets, temperature)  # (N,)
+    s_sem = semantic_scores(cos, offsets, temperature)  # (N,)
+    p_tilde = (1.0 - lambda_n) * s_sur + lambda_n * (1.0 - s_sem)  # eq. 3
+    _, offsets = _prepare(p_tilde, offsets, "p_tilde")
+    return _softmax(p_tilde, offsets, temperature)  # eq. 4
+
+
+def positive_probs(
+    edit: np.ndarray,
+    cos: np.ndarray,
+    offsets: np.ndarray | None = None,
+    lambda_p: float = 0.8,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """P_pos(j|i), the probability of drawing each positive candidate (eqs. 5-6), float64.
+
+    Favours augmentations far in surface form (large edit) and close in meaning (large cos).
+    ``lambda_p`` weighs semantics against surface (paper's best: 0.8, Table 6). Sums to 1 per pool.
+    """
+    _check_lambda(lambda_p, "lambda_p")
+    _check_pair(edit, cos)
+    s_sur = surface_scores(edit, offsets, temperature)  # (N,)
+    s_sem = semantic_scores(cos, offsets, temperature)  # (N,)
+    p_tilde = (1.0 - lambda_p) * (1.0 - s_sur) + lambda_p * s_sem  # eq. 5
+    _, offsets = _prepare(p_tilde, offsets, "p_tilde")
+    return _softmax(p_tilde, offsets, temperature)  # eq. 6
+
+
+# ----------------------------------------------------------------------------- entropy
+
+
+def _as_probs(p: np.ndarray) -> np.ndarray:
+    p = np.asarray(p, dtype=np.float64)
+    if p.ndim != 1:
+        raise ValueError(f"p must be 1-D, got shape {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError("p must be finite and non-negative")
+    return p
+
+
+def pool_entropy_ratios(p: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """H(p) / log(n) of each pool, shape ``(n_pools,)`` float64.
+
+    1.0 means uniform sampling, 0.0 a point mass. ``p`` is renormalised within each pool first.
+    Defined as 1.0 for a one-candidate pool (the only distribution there is, hence uniform) and NaN
+    for an empty pool or one whose weights are all zero (no distribution at all).
+    """
+    p = _as_probs(p)
+    offsets = check_offsets(offsets, p.size)
+    seg = segment_ids(offsets)
+    counts = np.diff(offsets)
+    totals = _segment_reduce(np.add, p, offsets, 0.0)  # (n_pools,)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = p / totals[seg]
+        terms = np.where(q > 0, -q * np.log(np.where(q > 0, q, 1.0)), 0.0)  # 0 log 0 = 0
+        h = _segment_reduce(np.add, terms, offsets, 0.0)
+        ratio = h / np.log(counts)
+    ratio = np.where(counts == 1, 1.0, ratio)
+    ratio[(counts == 0) | (totals <= 0)] = np.nan
+    return ratio
+
+
+def entropy_ratio(p: np.ndarray) -> float:
+    """H(p) / log(n) of one pool: 1.0 uniform, 0.0 a point mass; 1.0 when n == 1.
+
+    Raises ValueError for an empty pool or all-zero weights.
+    """
+    p = _as_probs(p)
+    if p.size == 0:
+        raise ValueError("empty pool: cannot compute the entropy of no candidates")
+    if p.sum() <= 0:
+        raise ValueError("p has no positive weight")
+    return float(pool_entropy_ratios(p, np.array([0, p.size]))[0])
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+class Sample(NamedTuple):
+    """Draw from one pool: positions into ``p`` in draw order, and whether fewer than m existed."""
+
+    indices: np.ndarray  # (min(m, n_positive),) int64
+    short: bool
+
+
+class PoolSample(NamedTuple):
+    """Draws from ragged pools.
+
+    ``indices`` are flat positions into the pools' flat arrays (so ``ids[indices]`` are the chosen
+    ids), grouped per pool by ``offsets`` (shape ``(n_pools + 1,)``) and in draw order within a pool.
+    ``short[i]`` is True where pool ``i`` had fewer than m candidates of positive probability, in
+    which case all of them were returned.
+    """
+
+    offsets: np.ndarray  # (n_pools + 1,) int64
+    indices: np.ndarray  # (n_drawn,) int64
+    short: np.ndarray  # (n_pools,) bool
+
+
+def _as_generator(rng: np.random.Generator | int) -> np.random.Generator:
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return np.random.default_rng(int(rng))
+    raise TypeError(f"rng must be a numpy Generator or an int seed, got {type(rng).__name__}")
+
+
+def sample_pools(
+    p: np.ndarray, offsets: np.ndarray, m: int, rng: np.random.Generator | int
+) -> PoolSample:
+    """Draw up to ``m`` distinct candidates per pool, without replacement, with probability ``p``.
+
+    Successive draws follow ``p`` renormalised over the candidates not drawn yet (so the first draw
+    of each pool is distributed exactly as ``p``). Implemented as Gumbel-top-m: keep the m largest
+    ``log p - log E``, E ~ Exp(1), which is that sequential scheme in one vectorised pass. ``p`` need
+    not be normalised; zero-weight candidates are never drawn. Deterministic for a given seed and
+    input; empty pools give no draws and ``short=True``.
+    """
+    if not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m must be a positive integer, got {m!r}")
+    p = _as_probs(p)
+    offsets = check_offsets(offsets, p.size)
+    gen = _as_generator(rng)
+    seg = segment_ids(offsets)  # (N,)
+    with np.errstate(divide="ignore"):
+        keys = np.log(p) - np.log(gen.exponential(size=p.size))  # (N,) -inf where p == 0
+    order = np.lexsort((-keys, seg))  # pool-major, largest key first within a pool
+    rank = np.arange(p.size, dtype=np.int64) - offsets[seg]  # seg[order] == seg: pools stay in place
+    take = (rank < m) & np.isfinite(keys[order])
+    indices = order[take]
+    counts = np.bincount(seg[take], minlength=offsets.size - 1)
+    new_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return PoolSample(new_offsets, indices.astype(np.int64), counts < m)
+
+
+def sample_without_replacement(p: np.ndarray, m: int, rng: np.random.Generator | int) -> Sample:
+    """Draw up to ``m`` distinct positions of one pool with probability ``p`` (see sample_pools).
+
+    When the pool has fewer than ``m`` candidates of positive weight, all of them are returned and
+    ``short`` is True. Raises ValueError for an empty pool.
+    """
+    p = _as_probs(p)
+    if p.size == 0:
+        raise ValueError("empty pool: nothing to sample from")
+    drawn = sample_pools(p, np.array([0, p.size]), m, rng)
+    return Sample(drawn.indices, bool(drawn.short[0]))
