@@ -20,3 +20,7 @@ app.add_typer(profiles.app, name="profile")
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

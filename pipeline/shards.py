@@ -2,7 +2,7 @@
 
 Layout of a dataset folder::
 
-    manifest.json          written last; its presence means the dataset is complete
+    _manifest.json         written last (the leading _ keeps Arrow and DuckDB folder readers off it); its presence means the dataset is complete
     part-00000.parquet     shards, numbered from 0, each a self-describing Parquet file
     _progress/             while a stage runs: one JSON marker per finished shard, and run.json
 
@@ -33,7 +33,7 @@ from pipeline.version import code_version
 
 FORMAT = "pairforge-dataset"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
 RUN_FILE = "run.json"
 
@@ -141,6 +141,7 @@ class DatasetWriter:
         self.complete = self._prepare()
 
     def _prepare(self) -> bool:
+        self._remove_temporaries()
         manifest = self.path / MANIFEST
         if manifest.exists():
             found = json.loads(manifest.read_text())
@@ -161,6 +162,13 @@ class DatasetWriter:
             run_file, {"fingerprint": self.fingerprint, "created_at": self.created_at}
         )
         return False
+
+    def _remove_temporaries(self) -> None:
+        """Half-written files of a killed run (their final names were never taken)."""
+        for folder in (self.path, self.progress_dir):
+            if folder.is_dir():
+                for tmp in folder.glob(".*.tmp-*"):
+                    tmp.unlink(missing_ok=True)
 
     def _clear(self) -> None:
         """Remove what an earlier, different run left (only files this format owns)."""
@@ -249,14 +257,14 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         if (path / PROGRESS).exists():
             why = "its stage was interrupted; run the stage again to finish it"
         elif path.exists():
-            why = "it has no manifest.json"
+            why = "it has no _manifest.json"
         else:
             why = "the folder does not exist"
         raise IncompleteDatasetError(f"dataset {str(path)!r} is not complete: {why}")
     try:
         return json.loads(manifest.read_text())
     except json.JSONDecodeError as exc:
-        raise DataIntegrityError(f"dataset {str(path)!r}: unreadable manifest.json: {exc}") from None
+        raise DataIntegrityError(f"dataset {str(path)!r}: unreadable _manifest.json: {exc}") from None
 
 
 class Dataset:

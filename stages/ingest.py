@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Annotated, Literal
@@ -41,7 +42,7 @@ from pipeline.errors import DataIntegrityError
 from pipeline.progress import Progress
 from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pipeline.runner import Executor, ShardResult, map_shards
-from pipeline.shards import DatasetWriter, atomic_write_json, canonical_json
+from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json
 from pipeline.text import normalize, sentence_ids, word_counts
 from pipeline.version import source_hash
 
@@ -57,7 +58,8 @@ REASONS = ("invalid_utf8", "nul_byte", "malformed_record", "empty", "too_short",
 class IngestConfig(StageConfig):
     """The ``ingest`` section of params.yaml."""
 
-    inputs: list[str] = Field(min_length=1, description="files or globs to read, in order")
+    root: str = Field(".", description="folder holding the raw corpus (the stage's DVC dependency)")
+    inputs: list[str] = Field(min_length=1, description="files or globs under root, read in order")
     format: Literal["auto", "txt", "jsonl", "csv", "tsv", "parquet"] = "auto"
     field: str = Field("text", description="JSON field / CSV column / Parquet column to read")
     min_words: int = Field(3, ge=0)
@@ -322,7 +324,7 @@ def _split_front(
 
 def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
-    files = resolve_inputs(cfg.inputs, cfg.format)
+    files = resolve_inputs([os.path.join(cfg.root, p) for p in cfg.inputs], cfg.format)
     fingerprint = _fingerprint(cfg, files)
     params = cfg.model_dump()
     out = Path(cfg.output)
@@ -356,7 +358,7 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
         sentences.finalize(n_out, extra={"counts": counts, "inputs": [f.path for f in files]})
         quarantine.finalize(n_q, extra={"counts": counts, "inputs": [f.path for f in files]})
     shutil.rmtree(work, ignore_errors=True)
-    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    counts = json.loads((out / MANIFEST).read_text())["counts"]
     metrics = _metrics(counts, sentences, quarantine)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.metrics), metrics)
@@ -369,7 +371,7 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
 
 
 def _manifest_shards(writer: DatasetWriter) -> list[dict]:
-    return json.loads((writer.path / "manifest.json").read_text())["shards"]
+    return json.loads((writer.path / MANIFEST).read_text())["shards"]
 
 
 def _clean_fn(cfg: IngestConfig):
@@ -409,7 +411,8 @@ def _metrics(counts: dict[str, int], sentences: DatasetWriter, quarantine: Datas
 
 @cli_errors
 def command(
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="A file or glob to read; repeat for several. Default: ingest.inputs.")] = None,
+    root: Annotated[str | None, typer.Option(help="Folder the inputs are relative to.")] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="A file or glob under --root; repeat for several.")] = None,
     format: Annotated[str | None, typer.Option("--format", help="auto (from the file name), txt, jsonl, csv, tsv or parquet.")] = None,
     field: Annotated[str | None, typer.Option(help="JSON field, CSV/TSV column or Parquet column holding the text.")] = None,
     min_words: Annotated[int | None, typer.Option(help="Drop rows with fewer words (reason too_short).")] = None,

@@ -65,7 +65,9 @@ def segment_ids(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
 
 
-def _segment_reduce(ufunc: np.ufunc, x: np.ndarray, offsets: np.ndarray, empty: float) -> np.ndarray:
+def _segment_reduce(
+    ufunc: np.ufunc, x: np.ndarray, offsets: np.ndarray, empty: float
+) -> np.ndarray:
     """``ufunc.reduce`` of each pool, ``empty`` for empty pools; shape ``(n_pools,)``."""
     counts = np.diff(offsets)
     out = np.full(counts.size, empty, dtype=x.dtype)
@@ -86,9 +88,7 @@ def _as_scores(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _prepare(
-    x: np.ndarray, offsets: np.ndarray | None, name: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _prepare(x: np.ndarray, offsets: np.ndarray | None, name: str) -> tuple[np.ndarray, np.ndarray]:
     x = _as_scores(x, name)
     if offsets is None:
         if x.size == 0:
@@ -144,7 +144,9 @@ def semantic_scores(
 
 def _check_pair(edit: np.ndarray, cos: np.ndarray) -> None:
     if np.shape(edit) != np.shape(cos):
-        raise ValueError(f"edit and cos must have the same shape, got {np.shape(edit)} and {np.shape(cos)}")
+        raise ValueError(
+            f"edit and cos must have the same shape, got {np.shape(edit)} and {np.shape(cos)}"
+        )
 
 
 def negative_probs(
@@ -288,7 +290,8 @@ def sample_pools(
     with np.errstate(divide="ignore"):
         keys = np.log(p) - np.log(gen.exponential(size=p.size))  # (N,) -inf where p == 0
     order = np.lexsort((-keys, seg))  # pool-major, largest key first within a pool
-    rank = np.arange(p.size, dtype=np.int64) - offsets[seg]  # seg[order] == seg: pools stay in place
+    # seg[order] == seg (pools keep their place), so rank within a pool is position - pool start.
+    rank = np.arange(p.size, dtype=np.int64) - offsets[seg]
     take = (rank < m) & np.isfinite(keys[order])
     indices = order[take]
     counts = np.bincount(seg[take], minlength=offsets.size - 1)

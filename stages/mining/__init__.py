@@ -1,0 +1,48 @@
+"""The computational core of DebCSE mining (CIKM'23, section 4), as pure functions.
+
+- ``index``: FAISS inner-product index over normalised embeddings, batched kNN search, recall.
+- ``pools``: negative candidate pools: kNN neighbours in a cosine band, minus self, duplicates,
+  near duplicates and the anchor's own augmentations, with fallbacks for short pools.
+- ``edits``: vectorised edit distances (rapidfuzz), the ``edit`` of eq. 1.
+- ``ipw``: eqs. 1-6 (surface / semantic scores, P_neg, P_pos), entropy ratios, seeded sampling.
+
+Pools travel in ragged form (offsets + flat arrays, the layout of an Arrow list column). Nothing
+here touches files; the ``mine`` and ``sample`` stage commands read params and shards and call these.
+"""
+
+from stages.mining.edits import cross_distances, pair_distances, pool_distances, tokenize_words
+from stages.mining.index import build_index, check_vectors, measure_recall, recall_at_k, search
+from stages.mining.ipw import (
+    entropy_ratio,
+    negative_probs,
+    pool_entropy_ratios,
+    positive_probs,
+    sample_pools,
+    sample_without_replacement,
+    semantic_scores,
+    surface_scores,
+)
+from stages.mining.pools import NegativePools, build_negative_pools, normalize_text
+
+__all__ = [
+    "NegativePools",
+    "build_index",
+    "build_negative_pools",
+    "check_vectors",
+    "cross_distances",
+    "entropy_ratio",
+    "measure_recall",
+    "negative_probs",
+    "normalize_text",
+    "pair_distances",
+    "pool_distances",
+    "pool_entropy_ratios",
+    "positive_probs",
+    "recall_at_k",
+    "sample_pools",
+    "sample_without_replacement",
+    "search",
+    "semantic_scores",
+    "surface_scores",
+    "tokenize_words",
+]

@@ -1,0 +1,69 @@
+"""A tiny randomly initialised BERT and a word-level tokenizer, built once per session.
+
+Tests get a deep copy of the model (``tiny_mlm``), so training in one test leaves the others'
+starting point unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+SENTENCES = [
+    "the cat sat on the mat .",
+    "a dog ran in the park .",
+    "birds fly over the blue sea .",
+    "she reads a long book at night .",
+    "he plays guitar with his friends .",
+    "the sun rises over green hills .",
+    "children build a castle of sand .",
+    "rain falls on the quiet town .",
+]
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# The DenoSent prompt's own tokens, and a few words only the truncation test uses.
+EXTRA_TOKENS = ['"', "means", ",", "one", "two", "three", "four", "five"]
+
+
+def vocabulary() -> list[str]:
+    words = sorted({word for sentence in SENTENCES for word in sentence.split()})
+    return SPECIAL_TOKENS + [token for token in EXTRA_TOKENS if token not in words] + words
+
+
+@pytest.fixture(scope="session")
+def tiny_sentences() -> list[str]:
+    """The fixed sentences the tiny tokenizer covers, for the short training runs."""
+    return list(SENTENCES)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> BertTokenizerFast:
+    folder = tmp_path_factory.mktemp("tiny_tokenizer")
+    (folder / "vocab.txt").write_text("\n".join(vocabulary()) + "\n")
+    return BertTokenizerFast.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="session")
+def _tiny_mlm_once(tiny_tokenizer: BertTokenizerFast) -> BertForMaskedLM:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+    )
+    return BertForMaskedLM(config)
+
+
+@pytest.fixture
+def tiny_mlm(_tiny_mlm_once: BertForMaskedLM) -> BertForMaskedLM:
+    """A fresh copy of the session's tiny BERT with its MLM head, in train mode."""
+    model = copy.deepcopy(_tiny_mlm_once)
+    model.train()
+    return model

@@ -1,0 +1,64 @@
+"""Training objectives, one module each, and the registry that maps config names to them.
+
+Each objective declares the training-data columns it reads (``columns.py`` holds the names);
+:func:`check_columns` lets the trainer fail before training starts when the data lacks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from train.objectives import columns
+from train.objectives.base import Objective, trainable_parameters
+from train.objectives.bsl import BSL
+from train.objectives.debcse import DebCSE
+from train.objectives.denosent import DenoSent
+from train.objectives.simcse import SimCSE
+
+OBJECTIVES: dict[str, type[Objective]] = {
+    objective.name: objective for objective in (SimCSE, DebCSE, DenoSent, BSL)
+}
+
+# Columns each objective reads, by objective name.
+COLUMNS: dict[str, list[str]] = {name: list(cls.columns) for name, cls in OBJECTIVES.items()}
+
+
+def get_objective(name: str) -> type[Objective]:
+    """The objective class registered as ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        known = ", ".join(sorted(OBJECTIVES))
+        raise ValueError(f"unknown objective {name!r}; known objectives: {known}") from None
+
+
+def required_columns(objective: str) -> list[str]:
+    """The training-data columns that ``objective`` reads."""
+    return list(get_objective(objective).columns)
+
+
+def check_columns(objective: str, available_columns: Iterable[str]) -> None:
+    """Raise ValueError naming ``objective`` and the columns it needs that are not available."""
+    available = set(available_columns)
+    missing = [column for column in required_columns(objective) if column not in available]
+    if missing:
+        raise ValueError(
+            f"objective {objective!r} needs training-data columns {missing} that are missing; "
+            f"available columns: {sorted(available)}"
+        )
+
+
+__all__ = [
+    "BSL",
+    "COLUMNS",
+    "OBJECTIVES",
+    "DebCSE",
+    "DenoSent",
+    "Objective",
+    "SimCSE",
+    "check_columns",
+    "columns",
+    "get_objective",
+    "required_columns",
+    "trainable_parameters",
+]

@@ -1,0 +1,70 @@
+"""Unsupervised SimCSE (Gao, Yao and Chen, EMNLP 2021; arXiv 2104.08821).
+
+The positive of a sentence is the same sentence encoded a second time under an independent
+dropout mask; the other sentences of the batch are its negatives. Equation numbers refer to the
+SimCSE paper (not among ``shared/papers``; METHODS.md section 3 lists the conventions).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from train.objectives import columns
+from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Pairwise cosine similarities, ``(n, dim) x (k, dim) -> (n, k)``."""
+    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+
+
+def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05) -> torch.Tensor:
+    """In-batch InfoNCE: row ``i`` of ``z1`` must pick row ``i`` of ``z2`` among all rows of ``z2``.
+
+    ``z1``, ``z2``: ``(batch_size, dim)``, the two views of the same sentences. The denominator
+    includes the positive (standard InfoNCE, cross-entropy with labels ``arange(batch_size)``).
+    Returns the mean over the batch.
+    """
+    logits = cosine_matrix(z1, z2) / temperature  # (batch_size, batch_size)
+    labels = torch.arange(z1.shape[0], device=z1.device)  # (batch_size,)
+    return F.cross_entropy(logits, labels)  # eq. 4
+
+
+class SimCSEPooler(nn.Module):
+    """SimCSE's MLP over [CLS] (Linear + Tanh), used in training only.
+
+    At evaluation SimCSE reads the [CLS] vector before this head (``cls_before_pooler``).
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, cls: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(cls))  # (batch_size, hidden_size)
+
+
+class SimCSE(Objective):
+    """Unsupervised SimCSE: reads ``columns.TEXT``; the encoder must be in train mode (dropout)."""
+
+    name = "simcse"
+    columns = (columns.TEXT,)
+
+    def __init__(self, hidden_size: int, temperature: float = 0.05) -> None:
+        super().__init__()
+        self.pooler = SimCSEPooler(hidden_size)
+        self.temperature = temperature
+
+    def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
+        features = batch[columns.TEXT]
+        # One pass over the batch stacked twice: dropout masks are drawn per element, so the two
+        # copies are two independently perturbed views, as in SimCSE's own code.
+        doubled = {key: torch.cat([value, value]) for key, value in features.items()}
+        hidden = run_encoder(encoder, doubled).last_hidden_state  # (2 * batch_size, seq_len, d)
+        z = self.pooler(cls_pool(hidden))  # (2 * batch_size, d)
+        z1, z2 = z.chunk(2)  # (batch_size, d) each
+        loss = simcse_loss(z1, z2, self.temperature)
+        return {"loss": loss, "contrastive": loss.detach()}
