@@ -113,7 +113,7 @@ def make_executor(workers: int = 0, scheduler: str | None = None) -> Executor:
 class _Job:
     index: int
     input: str
-    outputs: dict[str, tuple[str, SchemaSpec, str]]  # name -> (folder, spec, dataset label)
+    outputs: dict[str, tuple[str, SchemaSpec, str, dict]]  # name -> (folder, spec, label, options)
 
 
 def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
@@ -125,9 +125,9 @@ def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
             f"expected {sorted(job.outputs)}"
         )
     infos = {}
-    for name, (folder, spec, label) in job.outputs.items():
+    for name, (folder, spec, label, options) in job.outputs.items():
         infos[name] = write_shard(
-            Path(folder), job.index, result.tables[name], spec, label, result.counts
+            Path(folder), job.index, result.tables[name], spec, label, result.counts, **options
         )
     return job.index, table.num_rows, infos
 
@@ -144,7 +144,7 @@ def map_shards(
     in input order (finished shards from an earlier run included)."""
     inputs = [str(p) for p in inputs]
     specs = {
-        name: (str(w.path), w.spec, w.name) for name, w in outputs.items()
+        name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()
     }
     todo = [
         _Job(i, path, specs)

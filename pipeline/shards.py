@@ -87,19 +87,24 @@ def write_shard(
     dataset: str,
     counts: dict[str, int] | None = None,
     row_group_size: int = 64_000,
+    compression: str = "zstd",
+    durable: bool = True,
 ) -> ShardInfo:
     """Write shard ``index`` of a dataset atomically and mark it finished.
 
-    Safe to call from a Dask worker: it touches only its own shard and marker.
+    Safe to call from a Dask worker: it touches only its own shard and marker. ``durable``
+    fsyncs before the rename (survives power loss); without it the write still survives a
+    killed process, which is all that scratch data needs.
     """
     table = spec.conform(table, dataset)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PROGRESS).mkdir(exist_ok=True)
     final = folder / shard_name(index)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
-    pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
+    pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
+    if durable:
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
     os.replace(tmp, final)
     info = ShardInfo(
         file=final.name,
@@ -129,6 +134,7 @@ class DatasetWriter:
         fingerprint: str,
         rows_per_shard: int | None = None,
         name: str | None = None,
+        scratch: bool = False,
     ) -> None:
         self.path = Path(path)
         self.spec = spec
@@ -137,6 +143,8 @@ class DatasetWriter:
         self.fingerprint = fingerprint
         self.rows_per_shard = rows_per_shard
         self.name = name or str(path)
+        # Scratch datasets (a stage's intermediate work) are written fast: no compression, no fsync.
+        self.write_options = {"compression": "none", "durable": False} if scratch else {}
         self.progress_dir = self.path / PROGRESS
         self.complete = self._prepare()
 
@@ -198,7 +206,7 @@ class DatasetWriter:
         return ShardInfo(**json.loads(marker.read_text()))
 
     def write(self, index: int, table: pa.Table, counts: dict[str, int] | None = None) -> ShardInfo:
-        return write_shard(self.path, index, table, self.spec, self.name, counts)
+        return write_shard(self.path, index, table, self.spec, self.name, counts, **self.write_options)
 
     def finished_shards(self) -> list[ShardInfo]:
         if self.complete:
@@ -236,7 +244,7 @@ class DatasetWriter:
             "stage": self.stage,
             "params": self.params,
             "fingerprint": self.fingerprint,
-            "code_version": code_version(),
+            "code_version": code_version(self.stage),
             "created_at": self.created_at,
             "rows": sum(s["rows"] for s in shards),
             "rows_per_shard": self.rows_per_shard,

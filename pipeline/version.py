@@ -10,7 +10,6 @@ from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_PACKAGES = ("pipeline", "stages", "train")
 
 
 @functools.cache
@@ -21,14 +20,20 @@ def package_version() -> str:
         return "0+unknown"
 
 
+def _stage_sources(stage: str) -> list[Path]:
+    module = ROOT / "stages" / f"{stage}.py"
+    package = ROOT / "stages" / stage
+    return [module] if module.exists() else sorted(package.rglob("*.py")) if package.is_dir() else []
+
+
 @functools.cache
-def source_hash() -> str:
-    """sha256 over the Python sources of the pairforge packages, first 12 hex digits."""
+def source_hash(stage: str) -> str:
+    """sha256 over the sources a stage runs (``pipeline/`` and its own module or package),
+    first 12 hex digits: a changed stage never resumes on shards of its old code."""
     digest = hashlib.sha256()
-    for package in SOURCE_PACKAGES:
-        for file in sorted((ROOT / package).rglob("*.py")):
-            digest.update(str(file.relative_to(ROOT)).encode())
-            digest.update(file.read_bytes())
+    for file in [*sorted((ROOT / "pipeline").rglob("*.py")), *_stage_sources(stage)]:
+        digest.update(str(file.relative_to(ROOT)).encode())
+        digest.update(file.read_bytes())
     return digest.hexdigest()[:12]
 
 
@@ -46,9 +51,9 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def code_version() -> str:
+def code_version(stage: str) -> str:
     """``<version>+src.<source hash>``, plus ``.git.<commit>`` inside a git checkout."""
-    parts = [f"{package_version()}+src.{source_hash()}"]
+    parts = [f"{package_version()}+src.{source_hash(stage)}"]
     commit = git_commit()
     if commit:
         parts.append(f"git.{commit}")

@@ -69,24 +69,47 @@ def _code(i: int) -> str:
     return chr(i if i < _SURROGATES[0] else i + (_SURROGATES[1] - _SURROGATES[0]))
 
 
+class _VocabularyFull(Exception):
+    pass
+
+
 def encode_words(*groups: Sequence[str]) -> list[list[str]] | list[list[list[int]]]:
     """Tokenise each group of texts into word sequences over one shared vocabulary.
 
     Each distinct token becomes one Unicode character, so a sentence of words is a short string
     and rapidfuzz uses its string kernels (a 20-word sentence fits one 64-bit word of the
     bit-parallel algorithm). Distances between encoded sequences equal distances between the token
-    lists. If a call ever holds more distinct tokens than there are code points (about 1.1 million),
-    it returns lists of integer ids instead, which rapidfuzz also accepts, only slower.
+    lists. Each distinct text is tokenised once per call (pools repeat corpus sentences a lot). If a
+    call holds more distinct tokens than there are code points (about 1.1 million), it returns
+    lists of integer ids instead, which rapidfuzz also accepts, only slower.
     """
+    table: dict[str, str] = {}
+    memo: dict[str, str] = {}
+    findall = _WORD_RE.findall
+
+    def encode(text: str) -> str:
+        out = memo.get(text)
+        if out is None:
+            chars = []
+            for tok in findall(text):
+                ch = table.get(tok)
+                if ch is None:
+                    if len(table) >= _MAX_CODES:
+                        raise _VocabularyFull
+                    ch = table[tok] = _code(len(table))
+                chars.append(ch)
+            out = memo[text] = "".join(chars)
+        return out
+
+    try:
+        return [[encode(t) for t in texts] for texts in groups]
+    except _VocabularyFull:
+        pass
     vocab: dict[str, int] = {}
-    token_groups = [[tokenize_words(t) for t in texts] for texts in groups]
-    ids = [
-        [[vocab.setdefault(tok, len(vocab)) for tok in toks] for toks in group]
-        for group in token_groups
+    return [
+        [[vocab.setdefault(tok, len(vocab)) for tok in findall(t)] for t in texts]
+        for texts in groups
     ]
-    if len(vocab) > _MAX_CODES:
-        return ids
-    return [["".join([_code(i) for i in seq]) for seq in group] for group in ids]
 
 
 def _scorer(metric: EditMetric, normalized: bool):

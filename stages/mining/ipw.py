@@ -65,17 +65,28 @@ def segment_ids(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(offsets.size - 1, dtype=np.int64), np.diff(offsets))
 
 
-def _segment_reduce(
-    ufunc: np.ufunc, x: np.ndarray, offsets: np.ndarray, empty: float
-) -> np.ndarray:
-    """``ufunc.reduce`` of each pool, ``empty`` for empty pools; shape ``(n_pools,)``."""
+class _Layout(NamedTuple):
+    """Ragged layout, computed once per call: offsets, pool of each element, non-empty starts."""
+
+    offsets: np.ndarray  # (n_pools + 1,) int64
+    seg: np.ndarray  # (N,) int64
+    nonempty: np.ndarray  # (n_pools,) bool
+    starts: np.ndarray  # (n_nonempty,) int64
+
+
+def _layout(offsets: np.ndarray) -> _Layout:
     counts = np.diff(offsets)
-    out = np.full(counts.size, empty, dtype=x.dtype)
     nonempty = counts > 0
+    return _Layout(offsets, segment_ids(offsets), nonempty, offsets[:-1][nonempty])
+
+
+def _segment_reduce(ufunc: np.ufunc, x: np.ndarray, lay: _Layout, empty: float) -> np.ndarray:
+    """``ufunc.reduce`` of each pool, ``empty`` for empty pools; shape ``(n_pools,)``."""
+    out = np.full(lay.nonempty.size, empty, dtype=x.dtype)
     if x.size:
         # reduceat over the starts of the non-empty pools only: the next non-empty start is exactly
         # where the current pool ends, so empty pools (repeated offsets) cannot leak values.
-        out[nonempty] = ufunc.reduceat(x, offsets[:-1][nonempty])
+        out[lay.nonempty] = ufunc.reduceat(x, lay.starts)
     return out
 
 
@@ -88,13 +99,13 @@ def _as_scores(x: np.ndarray, name: str) -> np.ndarray:
     return x
 
 
-def _prepare(x: np.ndarray, offsets: np.ndarray | None, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _prepare(x: np.ndarray, offsets: np.ndarray | None, name: str) -> tuple[np.ndarray, _Layout]:
     x = _as_scores(x, name)
     if offsets is None:
         if x.size == 0:
             raise ValueError(f"empty pool: {name} has no candidates")
-        return x, np.array([0, x.size], dtype=np.int64)
-    return x, check_offsets(offsets, x.size)
+        return x, _layout(np.array([0, x.size], dtype=np.int64))
+    return x, _layout(check_offsets(offsets, x.size))
 
 
 def _check_temperature(temperature: float) -> None:
@@ -107,13 +118,12 @@ def _check_lambda(lam: float, name: str) -> None:
         raise ValueError(f"{name} must lie in [0, 1], got {lam}")
 
 
-def _softmax(x: np.ndarray, offsets: np.ndarray, temperature: float) -> np.ndarray:
+def _softmax(x: np.ndarray, lay: _Layout, temperature: float) -> np.ndarray:
     """Softmax of ``x / temperature`` within each pool; flat, same shape as ``x``."""
     z = x / temperature  # (N,)
-    seg = segment_ids(offsets)  # (N,)
-    z = z - _segment_reduce(np.maximum, z, offsets, 0.0)[seg]  # stable: max logit of each pool is 0
-    e = np.exp(z)
-    return e / _segment_reduce(np.add, e, offsets, 1.0)[seg]
+    z -= _segment_reduce(np.maximum, z, lay, 0.0)[lay.seg]  # stable: each pool's max logit is 0
+    e = np.exp(z, out=z)
+    return e / _segment_reduce(np.add, e, lay, 1.0)[lay.seg]
 
 
 # ----------------------------------------------------------------------------- eqs. 1-6
@@ -129,8 +139,8 @@ def surface_scores(
     [0, 1); a one-candidate pool scores 0.
     """
     _check_temperature(temperature)
-    edit, offsets = _prepare(edit, offsets, "edit")
-    return 1.0 - _softmax(edit, offsets, temperature)  # eq. 1
+    edit, lay = _prepare(edit, offsets, "edit")
+    return 1.0 - _softmax(edit, lay, temperature)  # eq. 1
 
 
 def semantic_scores(
@@ -138,15 +148,27 @@ def semantic_scores(
 ) -> np.ndarray:
     """Semantic-similarity score S_sem of each candidate (eq. 2): softmax of the cosines per pool."""
     _check_temperature(temperature)
-    cos, offsets = _prepare(cos, offsets, "cos")
-    return _softmax(cos, offsets, temperature)  # eq. 2
+    cos, lay = _prepare(cos, offsets, "cos")
+    return _softmax(cos, lay, temperature)  # eq. 2
 
 
-def _check_pair(edit: np.ndarray, cos: np.ndarray) -> None:
+def _prepare_pair(
+    edit: np.ndarray,
+    cos: np.ndarray,
+    offsets: np.ndarray | None,
+    lam: float,
+    lam_name: str,
+    t: float,
+) -> tuple[np.ndarray, np.ndarray, _Layout]:
+    _check_lambda(lam, lam_name)
+    _check_temperature(t)
     if np.shape(edit) != np.shape(cos):
         raise ValueError(
             f"edit and cos must have the same shape, got {np.shape(edit)} and {np.shape(cos)}"
         )
+    edit, lay = _prepare(edit, offsets, "edit")
+    cos = _as_scores(cos, "cos")
+    return edit, cos, lay
 
 
 def negative_probs(
@@ -161,13 +183,11 @@ def negative_probs(
     Favours candidates close in surface form (small edit) and far in meaning (small cos).
     ``lambda_n`` weighs semantics against surface (paper's best: 0.8, Table 6). Sums to 1 per pool.
     """
-    _check_lambda(lambda_n, "lambda_n")
-    _check_pair(edit, cos)
-    s_sur = surface_scores(edit, offsets, temperature)  # (N,)
-    s_sem = semantic_scores(cos, offsets, temperature)  # (N,)
+    edit, cos, lay = _prepare_pair(edit, cos, offsets, lambda_n, "lambda_n", temperature)
+    s_sur = 1.0 - _softmax(edit, lay, temperature)  # (N,) eq. 1
+    s_sem = _softmax(cos, lay, temperature)  # (N,) eq. 2
     p_tilde = (1.0 - lambda_n) * s_sur + lambda_n * (1.0 - s_sem)  # eq. 3
-    _, offsets = _prepare(p_tilde, offsets, "p_tilde")
-    return _softmax(p_tilde, offsets, temperature)  # eq. 4
+    return _softmax(p_tilde, lay, temperature)  # eq. 4
 
 
 def positive_probs(
@@ -182,13 +202,11 @@ def positive_probs(
     Favours augmentations far in surface form (large edit) and close in meaning (large cos).
     ``lambda_p`` weighs semantics against surface (paper's best: 0.8, Table 6). Sums to 1 per pool.
     """
-    _check_lambda(lambda_p, "lambda_p")
-    _check_pair(edit, cos)
-    s_sur = surface_scores(edit, offsets, temperature)  # (N,)
-    s_sem = semantic_scores(cos, offsets, temperature)  # (N,)
+    edit, cos, lay = _prepare_pair(edit, cos, offsets, lambda_p, "lambda_p", temperature)
+    s_sur = 1.0 - _softmax(edit, lay, temperature)  # (N,) eq. 1
+    s_sem = _softmax(cos, lay, temperature)  # (N,) eq. 2
     p_tilde = (1.0 - lambda_p) * (1.0 - s_sur) + lambda_p * s_sem  # eq. 5
-    _, offsets = _prepare(p_tilde, offsets, "p_tilde")
-    return _softmax(p_tilde, offsets, temperature)  # eq. 6
+    return _softmax(p_tilde, lay, temperature)  # eq. 6
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -211,14 +229,13 @@ def pool_entropy_ratios(p: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     for an empty pool or one whose weights are all zero (no distribution at all).
     """
     p = _as_probs(p)
-    offsets = check_offsets(offsets, p.size)
-    seg = segment_ids(offsets)
-    counts = np.diff(offsets)
-    totals = _segment_reduce(np.add, p, offsets, 0.0)  # (n_pools,)
+    lay = _layout(check_offsets(offsets, p.size))
+    counts = np.diff(lay.offsets)
+    totals = _segment_reduce(np.add, p, lay, 0.0)  # (n_pools,)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = p / totals[seg]
+        q = p / totals[lay.seg]
         terms = np.where(q > 0, -q * np.log(np.where(q > 0, q, 1.0)), 0.0)  # 0 log 0 = 0
-        h = _segment_reduce(np.add, terms, offsets, 0.0)
+        h = _segment_reduce(np.add, terms, lay, 0.0)
         ratio = h / np.log(counts)
     ratio = np.where(counts == 1, 1.0, ratio)
     ratio[(counts == 0) | (totals <= 0)] = np.nan
@@ -277,24 +294,31 @@ def sample_pools(
 
     Successive draws follow ``p`` renormalised over the candidates not drawn yet (so the first draw
     of each pool is distributed exactly as ``p``). Implemented as Gumbel-top-m: keep the m largest
-    ``log p - log E``, E ~ Exp(1), which is that sequential scheme in one vectorised pass. ``p`` need
-    not be normalised; zero-weight candidates are never drawn. Deterministic for a given seed and
-    input; empty pools give no draws and ``short=True``.
+    ``log p - log E``, E ~ Exp(1), which is that sequential scheme with all randomness drawn up
+    front; the top m are taken by m passes of a per-pool max, linear in the number of candidates.
+    ``p`` need not be normalised; zero-weight candidates are never drawn. Deterministic for a given
+    seed and input; empty pools give no draws and ``short=True``.
     """
     if not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"m must be a positive integer, got {m!r}")
     p = _as_probs(p)
-    offsets = check_offsets(offsets, p.size)
+    lay = _layout(check_offsets(offsets, p.size))
     gen = _as_generator(rng)
-    seg = segment_ids(offsets)  # (N,)
     with np.errstate(divide="ignore"):
         keys = np.log(p) - np.log(gen.exponential(size=p.size))  # (N,) -inf where p == 0
-    order = np.lexsort((-keys, seg))  # pool-major, largest key first within a pool
-    # seg[order] == seg (pools keep their place), so rank within a pool is position - pool start.
-    rank = np.arange(p.size, dtype=np.int64) - offsets[seg]
-    take = (rank < m) & np.isfinite(keys[order])
-    indices = order[take]
-    counts = np.bincount(seg[take], minlength=offsets.size - 1)
+    passes = []
+    for _ in range(min(m, int(np.diff(lay.offsets).max(initial=0)))):
+        best = _segment_reduce(np.maximum, keys, lay, -np.inf)  # (n_pools,)
+        pos = np.flatnonzero((keys == best[lay.seg]) & np.isfinite(keys))  # pool-major order
+        if pos.size == 0:
+            break  # every pool is exhausted (only zero-weight candidates left)
+        pool = lay.seg[pos]
+        pos = pos[np.concatenate([[True], pool[1:] != pool[:-1]])]  # one per pool, even on ties
+        keys[pos] = -np.inf  # drawn: out of the later passes
+        passes.append(pos)
+    drawn = np.concatenate(passes) if passes else np.empty(0, dtype=np.int64)
+    indices = drawn[np.argsort(lay.seg[drawn], kind="stable")]  # per pool, in draw order
+    counts = np.bincount(lay.seg[indices], minlength=lay.nonempty.size)
     new_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     return PoolSample(new_offsets, indices.astype(np.int64), counts < m)
 

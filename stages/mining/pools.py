@@ -35,7 +35,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from rapidfuzz import fuzz, process
@@ -176,7 +176,7 @@ def build_negative_pools(
     *,
     low: float = 0.25,
     high: float = 0.75,
-    near_duplicate_threshold: float = 90.0,
+    near_duplicate_threshold: float | None = 90.0,
     m: int = 2,
     fallback: Fallback = "none",
     widen_step: float = 0.05,
@@ -193,8 +193,9 @@ def build_negative_pools(
     ``texts``: the corpus, ``texts[i]`` a str. ``own_augmentations``: each anchor's augmentation
     texts, as a mapping from anchor id or as a sequence aligned with ``anchor_ids``.
     ``near_duplicate_threshold`` is on fuzz.ratio's 0-100 scale (90 catches one-word edits of a
-    ~10-word sentence while keeping sentences that merely share a clause). ``widen_limits`` bounds
-    the "widen" fallback; its top (0.9 by default) keeps widening away from paraphrase territory.
+    ~10-word sentence while keeping sentences that merely share a clause); None skips rule 5.
+    ``widen_limits`` bounds the "widen" fallback; its top (0.9 by default) keeps widening away from
+    paraphrase territory.
     ``vectors`` (the corpus embeddings, float32, L2-normalised) is needed by ``fallback="random"``
     only. ``normalize`` maps a text to the form compared for duplicates; pass the ingest stage's
     normaliser to match its deduplication.
@@ -205,9 +206,10 @@ def build_negative_pools(
         raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
     if not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"m must be a positive integer, got {m!r}")
-    if not 0.0 <= near_duplicate_threshold <= 100.0:
+    if near_duplicate_threshold is not None and not 0.0 <= near_duplicate_threshold <= 100.0:
         raise ValueError(
-            f"near_duplicate_threshold is a fuzz.ratio score in [0, 100], got {near_duplicate_threshold}"
+            "near_duplicate_threshold is a fuzz.ratio score in [0, 100] (or None to skip the rule), "
+            f"got {near_duplicate_threshold}"
         )
     lim_lo, lim_hi = widen_limits
     if fallback == "widen":
@@ -228,91 +230,34 @@ def build_negative_pools(
             )
 
     ids, scores, anchors = _check_inputs(neighbor_ids, neighbor_scores, anchor_ids, len(texts))
-    b, k = ids.shape
-    augs = _augmentation_lists(own_augmentations, anchors)
+    b = ids.shape[0]
+    aug_norms = [
+        {normalize(t) for t in row} for row in _augmentation_lists(own_augmentations, anchors)
+    ]
 
-    # --- score: one integer code per distinct normalised text among the rows involved.
-    valid = ids >= 0  # (b, k)
-    uniq = np.unique(np.concatenate([anchors, ids[valid]]))
-    norm_of_uniq = [normalize(texts[int(i)]) for i in uniq]
-    code_of: dict[str, int] = {}
-    uniq_codes = np.array(
-        [code_of.setdefault(s, len(code_of)) for s in norm_of_uniq], dtype=np.int64
+    # Score: every rule on every retrieved neighbour.
+    rules = _score_rules(
+        ids, anchors, texts, aug_norms, near_duplicate_threshold, normalize, workers
     )
-    anchor_code = uniq_codes[np.searchsorted(uniq, anchors)]  # (b,)
-    cand_code = np.full((b, k), -1, dtype=np.int64)  # (b, k)
-    cand_code[valid] = uniq_codes[np.searchsorted(uniq, ids[valid])]
-    aug_norms = [{normalize(t) for t in row} for row in augs]
 
-    is_self = valid & (ids == anchors[:, None])
-    is_exact = valid & ~is_self & (cand_code == anchor_code[:, None])
-    is_aug = np.zeros((b, k), dtype=bool)
-    for r, norms in enumerate(aug_norms):
-        codes = [code_of[s] for s in norms if s in code_of]
-        if codes:
-            is_aug[r] = valid[r] & ~is_self[r] & ~is_exact[r] & np.isin(cand_code[r], codes)
-    is_near = np.zeros((b, k), dtype=bool)
-    todo = valid & ~is_self & ~is_exact & ~is_aug
-    if todo.any():
-        rows, cols = np.nonzero(todo)
-        anchor_norm = [norm_of_uniq[int(j)] for j in np.searchsorted(uniq, anchors)]
-        uniq_pos = np.searchsorted(uniq, ids[rows, cols])
-        ratio = process.cpdist(
-            [anchor_norm[int(r)] for r in rows],
-            [norm_of_uniq[int(j)] for j in uniq_pos],
-            scorer=fuzz.ratio,
-            score_cutoff=near_duplicate_threshold,
-            workers=workers,
-        )
-        is_near[rows, cols] = ratio >= near_duplicate_threshold
-    is_repeat = np.zeros((b, k), dtype=bool)
-    todo &= ~is_near
-    if todo.any():
-        rows, cols = np.nonzero(todo)  # row-major: better-ranked neighbours come first
-        key = rows * (len(code_of) + 1) + cand_code[rows, cols]
-        first = np.zeros(rows.size, dtype=bool)
-        first[np.unique(key, return_index=True)[1]] = True
-        is_repeat[rows[~first], cols[~first]] = True
-    eligible = todo & ~is_repeat  # (b, k) passes rules 1-6
-
-    # --- decide: band, then fallback.
-    s32 = scores  # float32: compare in the scores' own precision so that edges stay inclusive
-    band_low = np.full(b, low, dtype=np.float32)
-    band_high = np.full(b, high, dtype=np.float32)
-
-    def in_band(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        return eligible & (s32 >= lo[:, None]) & (s32 <= hi[:, None])
-
-    in_pool = in_band(band_low, band_high)
+    # Decide: the band, then the fallback for short pools.
+    band_low = np.full(b, low, dtype=np.float32)  # (b,)
+    band_high = np.full(b, high, dtype=np.float32)  # (b,)
+    in_pool = _in_band(rules.eligible, scores, band_low, band_high)  # (b, k)
     was_short = in_pool.sum(axis=1) < m
     fallback_used = np.full(b, "none", dtype=object)
-
+    extra: list[tuple[int, int, float]] = []  # (row, id, cos) of random fills
     if fallback == "widen" and was_short.any():
         fallback_used[was_short] = "widen"
-        active = was_short.copy()
-        n_steps = int(np.ceil(max(low - lim_lo, lim_hi - high) / widen_step - 1e-9))
-        for step in range(1, n_steps + 1):
-            if not active.any():
-                break
-            # Rounded so that steps land on the decimal grid (0.25 - 0.05 is 0.2, not 0.19999...).
-            lo = np.float32(max(lim_lo, round(low - step * widen_step, 9)))
-            hi = np.float32(min(lim_hi, round(high + step * widen_step, 9)))
-            band_low[active] = lo
-            band_high[active] = hi
-            in_pool[active] = in_band(band_low, band_high)[active]
-            active &= in_pool.sum(axis=1) < m
-
-    extra_rows: list[int] = []
-    extra_ids: list[int] = []
-    extra_cos: list[float] = []
+        _widen(rules.eligible, scores, in_pool, band_low, band_high, m, widen_step, widen_limits)
     if fallback == "random" and was_short.any():
         fallback_used[was_short] = "random"
         for r in np.flatnonzero(was_short):
-            picked = _random_fill(
+            fills = _random_fill(
                 anchor=int(anchors[r]),
                 need=m - int(in_pool[r].sum()),
-                taken={normalize(texts[int(j)]) for j in ids[r][in_pool[r]]},
-                anchor_norm=norm_of_uniq[int(np.searchsorted(uniq, anchors[r]))],
+                taken={rules.norm_of(j) for j in ids[r][in_pool[r]]},
+                anchor_norm=rules.norm_of(anchors[r]),
                 aug_norms=aug_norms[r],
                 texts=texts,
                 vectors=vectors,
@@ -321,38 +266,34 @@ def build_negative_pools(
                 normalize=normalize,
                 seed=seed,
             )
-            for j, c in picked:
-                extra_rows.append(int(r))
-                extra_ids.append(j)
-                extra_cos.append(c)
+            extra.extend((int(r), j, c) for j, c in fills)
 
-    # --- count exclusions by first failed rule, against the band finally used.
-    below = eligible & ~in_pool & (s32 < band_low[:, None])
-    above = eligible & ~in_pool & (s32 > band_high[:, None])
+    # Count exclusions by first failed rule, against the band finally used.
+    outside = rules.eligible & ~in_pool
     excluded = {
-        "missing": (~valid).sum(axis=1),
-        "self": is_self.sum(axis=1),
-        "exact_duplicate": is_exact.sum(axis=1),
-        "own_augmentation": is_aug.sum(axis=1),
-        "near_duplicate": is_near.sum(axis=1),
-        "repeated_text": is_repeat.sum(axis=1),
-        "below_band": below.sum(axis=1),
-        "above_band": above.sum(axis=1),
+        "missing": ~rules.valid,
+        "self": rules.is_self,
+        "exact_duplicate": rules.is_exact,
+        "own_augmentation": rules.is_aug,
+        "near_duplicate": rules.is_near,
+        "repeated_text": rules.is_repeat,
+        "below_band": outside & (scores < band_low[:, None]),
+        "above_band": outside & (scores > band_high[:, None]),
     }
-    excluded = {key: val.astype(np.int64) for key, val in excluded.items()}
+    excluded = {key: mask.sum(axis=1).astype(np.int64) for key, mask in excluded.items()}
 
-    # --- assemble ragged output: retrieved neighbours (search order), then random fills.
+    # Ragged output: retrieved neighbours in search order, then random fills.
     rows_knn, cols_knn = np.nonzero(in_pool)
-    all_rows = np.concatenate([rows_knn, np.asarray(extra_rows, dtype=np.int64)])
+    rows_extra = np.array([e[0] for e in extra], dtype=np.int64)
+    all_rows = np.concatenate([rows_knn, rows_extra])
     order = np.argsort(all_rows, kind="stable")
-    cand = np.concatenate([ids[rows_knn, cols_knn], np.asarray(extra_ids, dtype=np.int64)])
-    cos = np.concatenate([scores[rows_knn, cols_knn], np.asarray(extra_cos, dtype=np.float32)])
-    rand = np.concatenate([np.zeros(rows_knn.size, bool), np.ones(len(extra_rows), bool)])
+    cand = np.concatenate([ids[rows_knn, cols_knn], np.array([e[1] for e in extra], np.int64)])
+    cos = np.concatenate([scores[rows_knn, cols_knn], np.array([e[2] for e in extra], np.float32)])
+    rand = np.concatenate([np.zeros(rows_knn.size, bool), np.ones(rows_extra.size, bool)])
     sizes = np.bincount(all_rows, minlength=b)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     return NegativePools(
         anchor_ids=anchors,
-        offsets=offsets,
+        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         candidate_ids=cand[order],
         cosines=cos[order],
         from_random=rand[order],
@@ -365,6 +306,108 @@ def build_negative_pools(
     )
 
 
+class _Rules(NamedTuple):
+    """Rule masks over the retrieved neighbours, each ``(b, k)`` bool, first failed rule only."""
+
+    valid: np.ndarray
+    is_self: np.ndarray
+    is_exact: np.ndarray
+    is_aug: np.ndarray
+    is_near: np.ndarray
+    is_repeat: np.ndarray
+    eligible: np.ndarray  # passes rules 1-6; the band decides the rest
+    uniq: np.ndarray  # (u,) sorted corpus rows involved
+    uniq_norm: list[str]  # (u,) their normalised texts
+
+    def norm_of(self, row: int) -> str:
+        return self.uniq_norm[int(np.searchsorted(self.uniq, row))]
+
+
+def _score_rules(
+    ids: np.ndarray,
+    anchors: np.ndarray,
+    texts: Sequence[str],
+    aug_norms: list[set[str]],
+    threshold: float | None,
+    normalize: Callable[[str], str],
+    workers: int,
+) -> _Rules:
+    """Apply rules 1-6 to every neighbour; a neighbour is flagged by the first rule it fails."""
+    b, k = ids.shape
+    valid = ids >= 0  # (b, k)
+    # One integer code per distinct normalised text among the rows involved (exact, no hashing).
+    uniq = np.unique(np.concatenate([anchors, ids[valid]]))  # (u,)
+    uniq_norm = [normalize(texts[int(i)]) for i in uniq]
+    code_of: dict[str, int] = {}
+    uniq_code = np.array([code_of.setdefault(t, len(code_of)) for t in uniq_norm], dtype=np.int64)
+    anchor_pos = np.searchsorted(uniq, anchors)  # (b,)
+    cand_code = np.full((b, k), -1, dtype=np.int64)  # (b, k)
+    cand_code[valid] = uniq_code[np.searchsorted(uniq, ids[valid])]
+
+    is_self = valid & (ids == anchors[:, None])
+    is_exact = valid & ~is_self & (cand_code == uniq_code[anchor_pos][:, None])
+    is_aug = np.zeros((b, k), dtype=bool)
+    for r, norms in enumerate(aug_norms):
+        codes = [code_of[t] for t in norms if t in code_of]
+        if codes:
+            is_aug[r] = valid[r] & ~is_self[r] & ~is_exact[r] & np.isin(cand_code[r], codes)
+    todo = valid & ~is_self & ~is_exact & ~is_aug
+
+    is_near = np.zeros((b, k), dtype=bool)
+    if threshold is not None and todo.any():
+        rows, cols = np.nonzero(todo)
+        ratio = process.cpdist(
+            [uniq_norm[int(j)] for j in anchor_pos[rows]],
+            [uniq_norm[int(j)] for j in np.searchsorted(uniq, ids[rows, cols])],
+            scorer=fuzz.ratio,
+            score_cutoff=threshold,
+            workers=workers,
+        )
+        is_near[rows, cols] = ratio >= threshold
+    todo &= ~is_near
+
+    is_repeat = np.zeros((b, k), dtype=bool)
+    if todo.any():
+        rows, cols = np.nonzero(todo)  # row-major: better-ranked neighbours come first
+        key = rows * (len(code_of) + 1) + cand_code[rows, cols]
+        first = np.zeros(rows.size, dtype=bool)
+        first[np.unique(key, return_index=True)[1]] = True
+        is_repeat[rows[~first], cols[~first]] = True
+    eligible = todo & ~is_repeat
+    return _Rules(valid, is_self, is_exact, is_aug, is_near, is_repeat, eligible, uniq, uniq_norm)
+
+
+def _in_band(
+    eligible: np.ndarray, scores: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> np.ndarray:
+    # float32 on both sides: a cosine stored as float32(0.25) passes a band edge of 0.25.
+    return eligible & (scores >= low[:, None]) & (scores <= high[:, None])
+
+
+def _widen(
+    eligible: np.ndarray,
+    scores: np.ndarray,
+    in_pool: np.ndarray,
+    band_low: np.ndarray,
+    band_high: np.ndarray,
+    m: int,
+    step: float,
+    limits: tuple[float, float],
+) -> None:
+    """Widen the band of each short row step by step until m neighbours qualify (in place)."""
+    low, high = float(band_low[0]), float(band_high[0])
+    active = in_pool.sum(axis=1) < m  # (b,)
+    n_steps = int(np.ceil(max(low - limits[0], limits[1] - high) / step - 1e-9))
+    for i in range(1, n_steps + 1):
+        if not active.any():
+            break
+        # Rounded so that steps land on the decimal grid (0.25 - 0.05 is 0.2, not 0.19999...).
+        band_low[active] = np.float32(max(limits[0], round(low - i * step, 9)))
+        band_high[active] = np.float32(min(limits[1], round(high + i * step, 9)))
+        in_pool[active] = _in_band(eligible, scores, band_low, band_high)[active]
+        active &= in_pool.sum(axis=1) < m
+
+
 def _random_fill(
     *,
     anchor: int,
@@ -375,7 +418,7 @@ def _random_fill(
     texts: Sequence[str],
     vectors: np.ndarray,
     high: np.float32,
-    threshold: float,
+    threshold: float | None,
     normalize: Callable[[str], str],
     seed: int,
 ) -> list[tuple[int, float]]:
@@ -393,7 +436,7 @@ def _random_fill(
             norm = normalize(texts[j])
             if norm == anchor_norm or norm in aug_norms or norm in taken:
                 continue
-            if fuzz.ratio(anchor_norm, norm) >= threshold:
+            if threshold is not None and fuzz.ratio(anchor_norm, norm) >= threshold:
                 continue
             c = np.float32(vectors[anchor] @ vectors[j])
             if c > high:

@@ -57,6 +57,9 @@ def _tiny_mlm_once(tiny_tokenizer: BertTokenizerFast) -> BertForMaskedLM:
         intermediate_size=64,
         max_position_embeddings=64,
         pad_token_id=tiny_tokenizer.pad_token_id,
+        # At BERT's 0.02 the random encoder maps every sentence to nearly the same [CLS] vector,
+        # and 30 steps of SimCSE barely leave that plateau; wider weights keep sentences apart.
+        initializer_range=0.1,
     )
     return BertForMaskedLM(config)
 

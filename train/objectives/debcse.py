@@ -18,7 +18,10 @@ equations are parameters here:
 - ``negative_space`` (default ``"normalised"``): the printed negatives are ``z`` vectors. Which
   sentences the in-batch ``z_j`` are is not spelled out; here they are the other rows of the side
   the query is predicting (``z_j+`` in eq. 8, ``z_j`` in eq. 9), the same rows as in SimCSE's
-  [B, B] matrix. ``"raw"`` compares the query with raw ``h`` for every candidate (hard negatives
+  [B, B] matrix. The default keeps the printed mix: the positive is scored against a raw ``h``
+  (which carries the encoder's shared, anisotropic direction) and the negatives against centred
+  ``z``, so the loss rewards raw embeddings that already look batch-normalised, which is how we
+  read the paper's "indirect normalization". ``"raw"`` compares the query with raw ``h`` for every candidate (hard negatives
   and in-batch), so with the positive included each term is exactly the cross-entropy over the
   matrix ``cos(z, h+)`` extended by the hard-negative columns.
 
@@ -129,7 +132,10 @@ class DebCSEHead(nn.Module):
 
 
 class DebCSE(Objective):
-    """DebCSE with mined positives and hard negatives; [CLS] vectors as the embeddings ``h``.
+    """DebCSE with mined positives and hard negatives.
+
+    The embeddings ``h`` are the encoder's [CLS] vectors, with no MLP on top (the paper names
+    none; the BatchNorm head is the training-only part), so ``h`` is also the evaluation vector.
 
     Reads ``columns.ANCHOR_TEXT`` ``(batch_size, seq_len)``, ``columns.POSITIVE_TEXTS`` with one of
     the anchor's mined positives per row ``(batch_size, seq_len)`` (the collator picks it), and

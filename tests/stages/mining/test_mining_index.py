@@ -107,7 +107,9 @@ def test_k_beyond_the_index_pads_with_minus_one(random_vectors):
 def test_bad_vectors_raise_clear_errors(random_vectors):
     bad = random_vectors.copy()
     bad[17, 3] = np.nan
-    with pytest.raises(ValueError, match=r"NaN or infinite values in 1 of 2000 rows \(first: row 17\)"):
+    with pytest.raises(
+        ValueError, match=r"NaN or infinite values in 1 of 2000 rows \(first: row 17\)"
+    ):
         build_index(bad)
     with pytest.raises(TypeError, match="float32"):
         build_index(random_vectors.astype(np.float64))
@@ -123,7 +125,9 @@ def test_bad_vectors_raise_clear_errors(random_vectors):
 
 def test_dimension_mismatch(random_vectors):
     index = build_index(random_vectors)
-    with pytest.raises(ValueError, match="dimension mismatch: queries have d=16 but the index has d=32"):
+    with pytest.raises(
+        ValueError, match="dimension mismatch: queries have d=16 but the index has d=32"
+    ):
         search(index, _unit(np.ones((2, 16), dtype=np.float32)), 3)
     with pytest.raises(ValueError, match="index holds 2000 vectors but 100 were given"):
         measure_recall(random_vectors[:100], index)

@@ -38,7 +38,9 @@ def test_eq1_eq2_hand_computed():
 def test_negative_probs_hand_computed_and_nearly_uniform():
     s_sur = [1 - v for v in _hand_softmax(EDIT)]
     s_sem = _hand_softmax(COS)
-    p_tilde = [0.2 * a + 0.8 * (1 - b) for a, b in zip(s_sur, s_sem)]  # eq. 3, lambda_n = 0.8
+    p_tilde = [
+        0.2 * a + 0.8 * (1 - b) for a, b in zip(s_sur, s_sem, strict=True)
+    ]  # eq. 3, lambda_n = 0.8
     want = _hand_softmax(p_tilde)  # eq. 4
     got = negative_probs(np.array(EDIT), np.array(COS))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
@@ -53,7 +55,9 @@ def test_negative_probs_hand_computed_and_nearly_uniform():
 def test_positive_probs_hand_computed():
     s_sur = [1 - v for v in _hand_softmax(EDIT)]
     s_sem = _hand_softmax(COS)
-    p_tilde = [0.2 * (1 - a) + 0.8 * b for a, b in zip(s_sur, s_sem)]  # eq. 5, lambda_p = 0.8
+    p_tilde = [
+        0.2 * (1 - a) + 0.8 * b for a, b in zip(s_sur, s_sem, strict=True)
+    ]  # eq. 5, lambda_p = 0.8
     want = _hand_softmax(p_tilde)  # eq. 6
     got = positive_probs(np.array(EDIT), np.array(COS))
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
@@ -83,7 +87,7 @@ def test_temperature_sharpens_and_one_is_the_paper():
     # Temperature applies to eq. 4 too: P~ from the hand computation, divided by T.
     s_sur = [1 - v for v in _hand_softmax([e / 0.05 for e in EDIT])]
     s_sem = _hand_softmax([c / 0.05 for c in COS])
-    p_tilde = [0.2 * a + 0.8 * (1 - b) for a, b in zip(s_sur, s_sem)]
+    p_tilde = [0.2 * a + 0.8 * (1 - b) for a, b in zip(s_sur, s_sem, strict=True)]
     np.testing.assert_allclose(sharp, _hand_softmax([p / 0.05 for p in p_tilde]), atol=1e-12)
 
 

@@ -62,13 +62,14 @@ def test_ipw_probabilities_drive_the_draws():
     assert _first_draw_pvalue(p, draws) > ALPHA
 
 
-def test_draws_are_distinct_and_inside_their_pool():
-    sizes = np.array([3, 0, 1, 6, 2])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_draws_are_distinct_and_inside_their_pool(m):
+    sizes = np.array([3, 0, 1, 6, 2, 9])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     p = np.random.default_rng(0).uniform(0.1, 1.0, offsets[-1])
-    drawn = sample_pools(p, offsets, 2, 5)
-    np.testing.assert_array_equal(np.diff(drawn.offsets), np.minimum(sizes, 2))
-    np.testing.assert_array_equal(drawn.short, sizes < 2)
+    drawn = sample_pools(p, offsets, m, 5)
+    np.testing.assert_array_equal(np.diff(drawn.offsets), np.minimum(sizes, m))
+    np.testing.assert_array_equal(drawn.short, sizes < m)
     for i in range(sizes.size):
         got = drawn.indices[drawn.offsets[i] : drawn.offsets[i + 1]]
         assert len(set(got.tolist())) == got.size

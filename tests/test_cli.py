@@ -1,0 +1,94 @@
+"""The CLI as users meet it: help texts, one-line config errors with exit 2, profiles."""
+
+from __future__ import annotations
+
+import yaml
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.profiles import available, preset_path, validate_params
+from stages import config_models
+from stages.ingest import IngestConfig
+from tests.conftest import ROOT, run_cli
+
+runner = CliRunner()
+
+
+def test_root_help_lists_stages():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "ingest" in result.output and "profile" in result.output
+
+
+def test_ingest_help_explains_every_option():
+    result = runner.invoke(app, ["ingest", "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for field in IngestConfig.model_fields:
+        assert f"--{field.replace('_', '-')}" in result.output or field == "inputs"
+    for option in ("--input", "--workers", "--scheduler", "--params", "--no-progress"):
+        assert option in result.output
+
+
+def test_invalid_value_is_one_line_exit_2(tmp_path):
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["x.txt"], "format": "xml"}}))
+    result = run_cli(["ingest"], cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("error: ingest.format: 'xml' is not allowed; allowed values:")
+    assert "'jsonl'" in lines[0] and "'parquet'" in lines[0]
+
+
+def test_unknown_key_and_bad_number_and_override(tmp_path):
+    (tmp_path / "a.txt").write_text("one two three four\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_wrds": 2}}))
+    result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml")])
+    assert result.exit_code == 2
+    assert "ingest.min_wrds: unknown key; allowed keys: root, inputs, format" in result.output
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"]}}))
+    result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml"), "--rows-per-shard", "0"])
+    assert result.exit_code == 2
+    assert "ingest.rows_per_shard: 0 is invalid" in result.output
+    result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml"), "--min-words", "9", "--max-words", "3"])
+    assert result.exit_code == 2 and "min_words (9) must not exceed max_words (3)" in result.output
+
+
+def test_missing_params_file_is_a_config_error(tmp_path):
+    result = run_cli(["ingest", "--params", "nope.yaml"], cwd=tmp_path)
+    assert result.returncode == 2 and "params file 'nope.yaml' not found" in result.stderr
+
+
+def test_cli_options_override_params(tmp_path):
+    (tmp_path / "a.txt").write_text("one two three four\nfive six\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_words": 3}}))
+    result = run_cli(["ingest", "--min-words", "2", "--output", "out", "--no-progress"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "kept 2" in result.stderr
+
+
+def test_profiles_validate_and_switch(tmp_path):
+    assert {"demo", "paper"} <= set(available())
+    for name in ("demo", "paper"):
+        validate_params(yaml.safe_load(preset_path(name).read_text()))
+    assert set(yaml.safe_load(preset_path("paper").read_text())) == set(config_models())
+    params = tmp_path / "params.yaml"
+    result = runner.invoke(app, ["profile", "use", "paper", "--params", str(params)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(params.read_text()) == yaml.safe_load(preset_path("paper").read_text())
+    result = runner.invoke(app, ["profile", "check", str(params)])
+    assert result.exit_code == 0 and "valid" in result.output
+    result = runner.invoke(app, ["profile", "use", "huge"])
+    assert result.exit_code == 2 and "'huge' is not a profile" in result.output
+
+
+def test_committed_params_equal_the_demo_profile():
+    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == yaml.safe_load(preset_path("demo").read_text())
+
+
+def test_dvc_stages_read_exactly_their_params_sections():
+    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
+    for stage, model in config_models().items():
+        spec = dvc["stages"][stage]
+        assert spec["cmd"].split()[:2] == ["pairforge", stage]
+        assert spec["params"] == [stage]
+        assert f"stages/{stage}.py" in spec["deps"]
