@@ -173,12 +173,13 @@ def iter_lines(
             carry = cut(carry + head, carry_size)
         if len(pieces) == 1:
             continue
-        lines = [carry]
-        sizes = [carry_size]
-        for piece in pieces[1:-1]:
-            lines.append(cut(piece, len(piece)))
-            sizes.append(len(piece))
         tail = pieces[-1]
+        middle = pieces[1:-1]
+        middle_sizes = list(map(len, middle))
+        if middle_sizes and max(middle_sizes) > max_line_bytes:
+            middle = [cut(p, size) for p, size in zip(middle, middle_sizes)]
+        lines = [carry, *middle]
+        sizes = [carry_size, *middle_sizes]
         carry, carry_size = cut(tail, len(tail)), len(tail)
         yield lines, sizes
     if pending_cr or carry_size:

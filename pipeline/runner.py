@@ -44,7 +44,10 @@ ShardFn = Callable[[pa.Table], ShardResult]
 class Executor(Protocol):
     name: str
 
-    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]: ...
+    def map_unordered(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """Results of ``fn`` over ``items`` as they complete. ``items`` may be a lazy iterator;
+        it is consumed only as fast as the executor has room, so memory stays bounded."""
+        ...
 
     def close(self) -> None: ...
 
@@ -54,7 +57,7 @@ class LocalExecutor:
 
     name = "in-process"
 
-    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+    def map_unordered(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         for item in items:
             yield fn(item)
 
@@ -85,14 +88,23 @@ class DaskExecutor:
             self.client = Client(self.cluster)
             self.name = f"dask LocalCluster ({workers} workers)"
 
-    def map_unordered(self, fn: Callable[[Any], Any], items: list[Any]) -> Iterator[Any]:
+    def map_unordered(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         from dask.distributed import as_completed
 
-        if not items:
-            return
-        futures = self.client.map(fn, items, pure=False)
-        for future in as_completed(futures):
-            yield future.result()
+        window = 2 * max(len(self.client.scheduler_info().get("workers", {})), 1) + 1
+        items = iter(items)
+        pending = as_completed()
+        for item in items:
+            pending.add(self.client.submit(fn, item, pure=False))
+            if pending.count() >= window:
+                break
+        for future in pending:
+            result = future.result()
+            future.release()
+            nxt = next(items, _END)
+            if nxt is not _END:
+                pending.add(self.client.submit(fn, nxt, pure=False))
+            yield result
 
     def close(self) -> None:
         self.client.close()
@@ -109,15 +121,18 @@ def make_executor(workers: int = 0, scheduler: str | None = None) -> Executor:
     return LocalExecutor()
 
 
+_END = object()
+
+
 @dataclass(frozen=True)
 class _Job:
     index: int
-    input: str
+    input: str | pa.Table  # a shard file, or a table made by the caller
     outputs: dict[str, tuple[str, SchemaSpec, str, dict]]  # name -> (folder, spec, label, options)
 
 
 def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
-    table = pq.read_table(job.input)
+    table = job.input if isinstance(job.input, pa.Table) else pq.read_table(job.input)
     result = fn(table)
     if set(result.tables) != set(job.outputs):
         raise ValueError(
@@ -160,3 +175,23 @@ def map_shards(
     return {
         name: [w.done_info(i) for i in range(len(inputs))] for name, w in outputs.items()
     }
+
+
+def map_tables(
+    fn: ShardFn,
+    tables: Iterable[tuple[int, pa.Table]],
+    outputs: dict[str, DatasetWriter],
+    executor: Executor,
+    label: str,
+    progress: bool = True,
+) -> None:
+    """Like ``map_shards`` for tables produced on the fly (by a reader): the caller yields
+    ``(index, table)`` only for indexes not finished yet, and the executor consumes them as it
+    has room, so reading overlaps with computing and memory stays bounded."""
+    specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
+    jobs = (_Job(index, table, specs) for index, table in tables)
+    bar = Progress(label, unit="chunks", enabled=progress)
+    log.info("%s: computing on %s", label, executor.name)
+    for _, rows, _ in executor.map_unordered(functools.partial(_run_job, fn), jobs):
+        bar.advance(done=1, rows=rows)
+    bar.close()

@@ -30,37 +30,73 @@ def normalize_one(text: str) -> str:
     return " ".join(text.split())
 
 
+class ByteStats:
+    """Per-row facts read straight off an Arrow string/binary array's buffers with numpy."""
+
+    def __init__(self, arr: pa.Array) -> None:
+        arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
+        n = len(arr)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+        self.n = n
+        self.start, self.end = offsets[:-1], offsets[1:]
+        self.nbytes = self.end - self.start
+        self.data = data
+
+    def _count(self, flags: np.ndarray) -> np.ndarray:
+        cs = np.zeros(len(flags) + 1, dtype=np.int64)
+        np.cumsum(flags, out=cs[1:])
+        return cs[self.end] - cs[self.start]
+
+    def count(self, byte: int) -> np.ndarray:
+        return self._count(self.data == byte)
+
+    def any_below(self, value: int) -> np.ndarray:
+        return self._count(self.data < value) > 0
+
+    def nonascii(self) -> np.ndarray:
+        return self._count(self.data >= 0x80) > 0
+
+    def chars(self) -> np.ndarray:
+        """Code points of valid UTF-8 rows: bytes that are not continuation bytes."""
+        return self.nbytes - self._count((self.data & 0xC0) == 0x80)
+
+    def double_or_edge_space(self) -> np.ndarray:
+        data = self.data
+        pairs = np.zeros(len(data), dtype=bool)
+        if len(data) > 1:
+            pairs[1:] = (data[1:] == 0x20) & (data[:-1] == 0x20)
+        # A pair that starts at a row's first byte straddles two rows: the edge test catches it.
+        double = self._count(pairs) > 0
+        nonempty = self.nbytes > 0
+        first = np.where(nonempty, data[np.minimum(self.start, max(len(data) - 1, 0))] if len(data) else 0, 0)
+        last = np.where(nonempty, data[np.maximum(self.end - 1, 0)] if len(data) else 0, 0)
+        return double | (nonempty & ((first == 0x20) | (last == 0x20)))
+
+
 def normalize(texts: pa.Array) -> pa.Array:
     """``normalize_one`` over an Arrow string array.
 
     Rows that are already normal (printable ASCII, single-spaced, trimmed: most of any real
-    corpus) are found with vectorised kernels and left alone; only the rest go through Python.
+    corpus) are found from the raw bytes with numpy and left alone; only the rest go through
+    Python.
     """
-    clean = pc.and_(
-        pc.and_(pc.string_is_ascii(texts), pc.utf8_is_printable(texts)),
-        pc.invert(
-            pc.or_(
-                pc.match_substring(texts, "  "),
-                pc.or_(pc.starts_with(texts, " "), pc.ends_with(texts, " ")),
-            )
-        ),
-    )
-    clean = pc.fill_null(clean, False).to_numpy(zero_copy_only=False)
-    if clean.all():
+    stats = ByteStats(texts)
+    ctrl = stats.any_below(0x20) | (stats.count(0x7F) > 0)
+    todo = np.flatnonzero(stats.nonascii() | ctrl | stats.double_or_edge_space())
+    if not len(todo):
         return texts
-    todo = np.flatnonzero(~clean)
     fixed = [normalize_one(t) for t in texts.take(pa.array(todo)).to_pylist()]
-    values = texts.to_pylist()
-    for i, value in zip(todo, fixed):
-        values[i] = value
-    return pa.array(values, pa.large_string()).cast(pa.string())
+    mask = np.zeros(len(texts), dtype=bool)
+    mask[todo] = True
+    return pc.replace_with_mask(texts, pa.array(mask), pa.array(fixed, pa.string()))
 
 
 def word_counts(normalized: pa.Array) -> np.ndarray:
     """Space-separated words of normalised (single-spaced, trimmed) text; 0 for ''."""
-    spaces = pc.count_substring(normalized, " ").to_numpy(zero_copy_only=False)
-    nonempty = pc.greater(pc.utf8_length(normalized), 0).to_numpy(zero_copy_only=False)
-    return np.where(nonempty, spaces + 1, 0)
+    stats = ByteStats(normalized)
+    return np.where(stats.nbytes > 0, stats.count(0x20) + 1, 0)
 
 
 def sentence_ids(normalized: list[str]) -> tuple[list[str], np.ndarray]:

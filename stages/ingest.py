@@ -41,9 +41,9 @@ from pipeline.config import StageConfig, stage_config
 from pipeline.errors import DataIntegrityError
 from pipeline.progress import Progress
 from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
-from pipeline.runner import Executor, ShardResult, map_shards
+from pipeline.runner import Executor, ShardResult, map_tables
 from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json
-from pipeline.text import normalize, sentence_ids, word_counts
+from pipeline.text import ByteStats, normalize, sentence_ids, word_counts
 from pipeline.version import source_hash
 
 log = logging.getLogger("pairforge")
@@ -114,26 +114,26 @@ def clean_shard(
     text, invalid = _decode(raw, replace=invalid_utf8 == "replace")
     norm = normalize(text)
     words = word_counts(norm)
-    chars = pc.utf8_length(norm).to_numpy(zero_copy_only=False)
-    has_nul = pc.match_substring(raw, b"\x00").to_numpy(zero_copy_only=False)
+    chars = ByteStats(norm).chars()
+    has_nul = ByteStats(raw).count(0) > 0
 
-    def assign(mask: np.ndarray, why: str, why_detail: object = None) -> None:
-        todo = mask & (reason == None)  # noqa: E711 - elementwise test on an object array
+    def assign(mask: np.ndarray, why: str, why_detail=None) -> None:
+        """Give ``why`` to rows in ``mask`` that have no reason yet; details only for those."""
+        todo = np.flatnonzero(mask & (reason == None))  # noqa: E711 - elementwise on objects
         reason[todo] = why
-        if why_detail is not None:
-            detail[todo] = why_detail[todo] if isinstance(why_detail, np.ndarray) else why_detail
+        if callable(why_detail):
+            for i in todo:
+                detail[i] = why_detail(i)
+        elif why_detail is not None:
+            detail[todo] = why_detail
 
     assign(invalid, "invalid_utf8", "bytes that are not UTF-8")
     assign(has_nul, "nul_byte", "NUL byte in the record")
     assign(words == 0, "empty")
-    assign(words < min_words, "too_short", np.array([f"{w} words < min_words={min_words}" for w in words], dtype=object))
+    assign(words < min_words, "too_short", lambda i: f"{words[i]} words < min_words={min_words}")
     too_long = (words > max_words) | (chars > max_chars)
-    assign(
-        too_long,
-        "too_long",
-        np.array([f"{w} words, {c} chars (max {max_words} words, {max_chars} chars)" for w, c in zip(words, chars)], dtype=object)
-        if too_long.any() else None,
-    )
+    assign(too_long, "too_long",
+           lambda i: f"{words[i]} words, {chars[i]} chars (max {max_words} words, {max_chars} chars)")
     keep = reason == None  # noqa: E711
     kept_text = norm.filter(pa.array(keep))
     ids, keys = sentence_ids(kept_text.to_pylist())
@@ -227,19 +227,16 @@ def _block_table(block: RawBlock) -> pa.Table:
     )
 
 
-def _read_step(cfg: IngestConfig, files: list[InputFile], writer: DatasetWriter, progress: bool) -> int:
-    if writer.complete:
-        return len(writer.finished_shards())
-    bar = Progress("ingest/read", unit="chunks", enabled=progress)
-    chunks = 0
+def _raw_chunks(
+    cfg: IngestConfig, files: list[InputFile], outputs: list[DatasetWriter], counter: list[int]
+):
+    """Yield ``(index, raw_records table)`` for every chunk some output has not finished.
+    Finished chunks are still read (to advance the reader) but not built or cleaned again.
+    ``counter[0]`` ends as the number of chunks."""
     for index, block in enumerate(read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows)):
-        if not writer.is_done(index):
-            writer.write(index, _block_table(block))
-        bar.advance(done=1, rows=len(block))
-        chunks = index + 1
-    bar.close()
-    writer.finalize(chunks)
-    return chunks
+        counter[0] = index + 1
+        if not all(w.is_done(index) for w in outputs):
+            yield index, _block_table(block)
 
 
 def _dedup_step(
@@ -343,15 +340,17 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
             return DatasetWriter(work / name, spec, stage=STAGE, params=params,
                                  fingerprint=fingerprint, rows_per_shard=cfg.chunk_rows, scratch=True)
 
-        raw = work_writer("raw", S.RAW_RECORDS)
-        n_chunks = _read_step(cfg, files, raw, progress)
         clean = work_writer("clean", S.CLEAN_RECORDS)
         rejected = work_writer("rejected", S.QUARANTINE)
-        fn = _clean_fn(cfg)
-        map_shards(fn, [work / "raw" / s["file"] for s in _manifest_shards(raw)],
-                   {"clean": clean, "rejected": rejected}, executor, "ingest/clean", progress)
-        clean.finalize(n_chunks)
-        rejected.finalize(n_chunks)
+        n_chunks = [0]
+        outputs = {"clean": clean, "rejected": rejected}
+        if not (clean.complete and rejected.complete):
+            chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks)
+            map_tables(_clean_fn(cfg), chunks, outputs, executor, "ingest/read+clean", progress)
+        else:
+            n_chunks[0] = len(clean.finished_shards())
+        clean.finalize(n_chunks[0])
+        rejected.finalize(n_chunks[0])
         n_out, n_q, duplicates = _dedup_step(cfg, clean, rejected, sentences, quarantine, progress)
         chunk_counts = [s.counts for s in clean.finished_shards()]
         counts: dict[str, int] = {}
@@ -373,10 +372,6 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
         ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
     )
     return metrics
-
-
-def _manifest_shards(writer: DatasetWriter) -> list[dict]:
-    return json.loads((writer.path / MANIFEST).read_text())["shards"]
 
 
 def _clean_fn(cfg: IngestConfig):

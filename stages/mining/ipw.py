@@ -11,8 +11,9 @@ Single-pool functions reject an empty pool; in ragged form empty pools are allow
 kept by the "none" fallback is one) and contribute nothing, see each function.
 
 Temperature: every softmax divides its logits by ``temperature``; ``1.0`` is the paper as printed.
-As printed the softmaxes barely move away from ``1/n`` (normalised edits and cosines lie in [0, 1],
-so logits differ by less than 1), and P_neg / P_pos come out nearly uniform: METHODS.md's
+As printed the softmaxes barely move away from ``1/n`` (normalised edits lie in [0, 1] and band
+cosines within 0.5 of each other, so logits differ by less than 1), and P_neg / P_pos come out
+nearly uniform: METHODS.md's
 3-candidate example gives 0.319 / 0.342 / 0.339. A temperature below 1 sharpens all three softmaxes
 of a distribution (eqs. 1, 2 and 4, or 1, 2 and 6); :func:`entropy_ratio` measures the result.
 """

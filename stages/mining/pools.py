@@ -2,9 +2,9 @@
 
 For each anchor, the pool is its retrieved neighbours whose cosine lies in ``[low, high]``
 (inclusive; DebCSE's band is [0.25, 0.75]: below it negatives are too easy, above it they are likely
-false negatives), after removing candidates that are not real negatives. Each retrieved neighbour is
-scored on every rule first, then assigned to the first rule it fails, in this order (the keys of
-``NegativePools.excluded``):
+false negatives), after removing candidates that are not real negatives. All rules are scored
+first and the pool decided after; a neighbour that fails several rules is counted once, under the
+first it fails in this order (the keys of ``NegativePools.excluded``):
 
 1. ``missing``: FAISS returned no neighbour in that slot (id -1).
 2. ``self``: the anchor itself (it is usually its own nearest neighbour; search with k + 1).
@@ -249,7 +249,17 @@ def build_negative_pools(
     extra: list[tuple[int, int, float]] = []  # (row, id, cos) of random fills
     if fallback == "widen" and was_short.any():
         fallback_used[was_short] = "widen"
-        _widen(rules.eligible, scores, in_pool, band_low, band_high, m, widen_step, widen_limits)
+        _widen(
+            rules.eligible,
+            scores,
+            in_pool,
+            band_low,
+            band_high,
+            (low, high),
+            m,
+            widen_step,
+            widen_limits,
+        )
     if fallback == "random" and was_short.any():
         fallback_used[was_short] = "random"
         for r in np.flatnonzero(was_short):
@@ -390,12 +400,13 @@ def _widen(
     in_pool: np.ndarray,
     band_low: np.ndarray,
     band_high: np.ndarray,
+    band: tuple[float, float],
     m: int,
     step: float,
     limits: tuple[float, float],
 ) -> None:
-    """Widen the band of each short row step by step until m neighbours qualify (in place)."""
-    low, high = float(band_low[0]), float(band_high[0])
+    """Widen ``band`` for each short row step by step until m neighbours qualify (in place)."""
+    low, high = band
     active = in_pool.sum(axis=1) < m  # (b,)
     n_steps = int(np.ceil(max(low - limits[0], limits[1] - high) / step - 1e-9))
     for i in range(1, n_steps + 1):
