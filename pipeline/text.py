@@ -39,15 +39,22 @@ class ByteStats:
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
         data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+        # Arrow values are contiguous: row i is data[offsets[i]:offsets[i + 1]].
         self.n = n
-        self.start, self.end = offsets[:-1], offsets[1:]
+        self.data = data[offsets[0] : offsets[-1]]
+        self.start, self.end = offsets[:-1] - offsets[0], offsets[1:] - offsets[0]
         self.nbytes = self.end - self.start
-        self.data = data
 
     def _count(self, flags: np.ndarray) -> np.ndarray:
-        cs = np.zeros(len(flags) + 1, dtype=np.int64)
-        np.cumsum(flags, out=cs[1:])
-        return cs[self.end] - cs[self.start]
+        """Set flags per row. reduceat sums each [start_i, start_i+1) segment; a zero pad byte
+        keeps every start a valid index, and empty rows (whose segment reduceat would not make
+        empty) are zeroed."""
+        if not self.n:
+            return np.zeros(0, dtype=np.int64)
+        padded = np.append(flags.view(np.uint8) if flags.dtype == bool else flags, np.uint8(0))
+        counts = np.add.reduceat(padded, self.start, dtype=np.int64)
+        counts[self.nbytes == 0] = 0
+        return counts
 
     def count(self, byte: int) -> np.ndarray:
         return self._count(self.data == byte)
