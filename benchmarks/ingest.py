@@ -2,7 +2,8 @@
 
 Corpus: the Wikipedia sentences in ../shared/data/corpus/ replicated to N rows; each replica gets
 a distinct numeric suffix except 10% of rows left as exact copies, so dedup has real work.
-Every measurement runs in a fresh child process (peak RSS = that process's ru_maxrss):
+Every measurement runs in a fresh child process (peak RSS = that process's ru_maxrss); the
+clock starts after imports, including the pandas import that pyarrow's first cast triggers:
 
 * pairforge in-process (``workers=0``) and on a 2-worker Dask LocalCluster;
 * a naive baseline of the kind users write: read lines, normalise each in Python, dedup with a
@@ -30,6 +31,7 @@ WIKI = SHARED / "corpus" / "wiki1m_for_simcse.first1280000bytes.txt"
 
 CHILD_PAIRFORGE = r"""
 import json, resource, sys, time
+import pyarrow.pandas_compat  # pyarrow's first cast imports pandas (~0.3 s): a start-up cost, not throughput
 from pipeline.runner import make_executor
 from stages.ingest import IngestConfig, run
 corpus, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
