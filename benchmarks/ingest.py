@@ -78,14 +78,18 @@ def make_corpus(path: Path, rows: int) -> None:
 
 def child(code: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT
+    )
     if out.returncode != 0:
         raise SystemExit(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     args = parser.parse_args()
@@ -99,23 +103,32 @@ def main() -> None:
             for name, code, extra in runs:
                 out = Path(tempfile.mkdtemp(dir=tmp))
                 result = child(code, str(corpus), str(out), *extra)
-                rows.append({"size": size, "name": name, **result, "rows_s": size / result["seconds"]})
-                print(f"  {name:<24} {size:>9,} rows  {result['seconds']:7.2f} s  "
-                      f"{size / result['seconds']:>10,.0f} rows/s  peak {result['rss_mb']:7.1f} MB", flush=True)
+                rows.append(
+                    {"size": size, "name": name, **result, "rows_s": size / result["seconds"]}
+                )
+                print(
+                    f"  {name:<24} {size:>9,} rows  {result['seconds']:7.2f} s  "
+                    f"{size / result['seconds']:>10,.0f} rows/s  peak {result['rss_mb']:7.1f} MB",
+                    flush=True,
+                )
 
     print("\n| rows | run | seconds | rows/s | peak RSS MB | kept | vs naive (speed) |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         naive = next(x for x in rows if x["size"] == r["size"] and x["name"] == "naive baseline")
-        print(f"| {r['size']:,} | {r['name']} | {r['seconds']:.2f} | {r['rows_s']:,.0f} | {r['rss_mb']:.0f} | "
-              f"{r['kept']:,} | {r['rows_s'] / naive['rows_s']:.2f}x |")
+        print(
+            f"| {r['size']:,} | {r['name']} | {r['seconds']:.2f} | {r['rows_s']:,.0f} | {r['rss_mb']:.0f} | "
+            f"{r['kept']:,} | {r['rows_s'] / naive['rows_s']:.2f}x |"
+        )
     if len(args.sizes) >= 2:
         small, large = min(args.sizes), max(args.sizes)
         print(f"\nPeak memory ratio {large:,} / {small:,} rows (target <= 1.3 for pairforge):")
         for name in sorted({r["name"] for r in rows}):
             a = next(r for r in rows if r["name"] == name and r["size"] == small)
             b = next(r for r in rows if r["name"] == name and r["size"] == large)
-            print(f"  {name:<24} {b['rss_mb'] / a['rss_mb']:.2f}x  ({a['rss_mb']:.0f} -> {b['rss_mb']:.0f} MB)")
+            print(
+                f"  {name:<24} {b['rss_mb'] / a['rss_mb']:.2f}x  ({a['rss_mb']:.0f} -> {b['rss_mb']:.0f} MB)"
+            )
 
 
 if __name__ == "__main__":

@@ -14,16 +14,31 @@ import typer
 from pipeline.errors import ConfigError, PairforgeError
 from pipeline.runner import Executor, make_executor
 
-ParamsOpt = Annotated[str, typer.Option("--params", help="params.yaml to read the stage's section from.")]
+ParamsOpt = Annotated[
+    str, typer.Option("--params", help="params.yaml to read the stage's section from.")
+]
 WorkersOpt = Annotated[
     int,
-    typer.Option("--workers", "-w", help="0: run in this process; N: a Dask LocalCluster of N worker processes."),
+    typer.Option(
+        "--workers",
+        "-w",
+        help="0: run in this process; N: a Dask LocalCluster of N worker processes.",
+    ),
 ]
 SchedulerOpt = Annotated[
     str | None,
-    typer.Option("--scheduler", help="Address of an existing Dask scheduler (e.g. tcp://host:8786); overrides --workers."),
+    typer.Option(
+        "--scheduler",
+        help="Address of an existing Dask scheduler (e.g. tcp://host:8786); overrides --workers.",
+    ),
 ]
-ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress (a live line on a terminal, log lines otherwise).")]
+ProgressOpt = Annotated[
+    bool,
+    typer.Option(
+        "--progress/--no-progress",
+        help="Show progress (a live line on a terminal, log lines otherwise).",
+    ),
+]
 
 
 @contextlib.contextmanager

@@ -26,7 +26,9 @@ class StageConfig(BaseModel):
 def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"params file {str(path)!r} not found (run from the project root or pass --params)")
+        raise ConfigError(
+            f"params file {str(path)!r} not found (run from the project root or pass --params)"
+        )
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:

@@ -19,7 +19,9 @@ from pipeline.shards import atomic_write_bytes
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
-app = typer.Typer(help="Switch between the demo and paper profiles, or check a params file.", no_args_is_help=True)
+app = typer.Typer(
+    help="Switch between the demo and paper profiles, or check a params file.", no_args_is_help=True
+)
 
 
 def available() -> list[str]:
@@ -29,7 +31,9 @@ def available() -> list[str]:
 def preset_path(name: str) -> Path:
     path = PRESETS / f"{name}.yaml"
     if not path.exists():
-        raise ConfigError(f"profile: {name!r} is not a profile; allowed values: {', '.join(available())}")
+        raise ConfigError(
+            f"profile: {name!r} is not a profile; allowed values: {', '.join(available())}"
+        )
     return path
 
 
@@ -49,7 +53,9 @@ def validate_params(params: dict[str, Any]) -> None:
 
 @app.command("list")
 @cli_errors
-def list_profiles(params: Annotated[str, typer.Option(help="params file to compare with")] = PARAMS_FILE) -> None:
+def list_profiles(
+    params: Annotated[str, typer.Option(help="params file to compare with")] = PARAMS_FILE,
+) -> None:
     """List the profiles and say which one params.yaml currently equals."""
     current = load_params(params) if Path(params).exists() else None
     for name in available():
@@ -73,7 +79,11 @@ def use(
 
 @app.command("check")
 @cli_errors
-def check(target: Annotated[str, typer.Argument(help="a profile name or a params file path")] = PARAMS_FILE) -> None:
+def check(
+    target: Annotated[
+        str, typer.Argument(help="a profile name or a params file path")
+    ] = PARAMS_FILE,
+) -> None:
     """Validate a profile or a params file; exit 2 with the first problem."""
     path = Path(target) if Path(target).exists() else preset_path(target)
     validate_params(load_params(path))

@@ -69,7 +69,9 @@ class Progress:
         parts = [f"{self.label}:"]
         if self.total:
             pct = 100.0 * self.done / self.total if self.total else 100.0
-            parts.append(f"{_fmt_count(self.done)}/{_fmt_count(self.total)} {self.unit} ({pct:.0f}%)")
+            parts.append(
+                f"{_fmt_count(self.done)}/{_fmt_count(self.total)} {self.unit} ({pct:.0f}%)"
+            )
         else:
             parts.append(f"{_fmt_count(self.done)} {self.unit}")
         parts.append(f"{_fmt_count(self.rows)} rows, {_fmt_count(rate)} rows/s")

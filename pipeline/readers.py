@@ -17,7 +17,6 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -62,8 +61,15 @@ class RawBlock:
     def __len__(self) -> int:
         return len(self.raw)
 
-    def add(self, raw: bytes, source: str, line: int, n_bytes: int,
-            reason: str | None = None, detail: str | None = None) -> None:
+    def add(
+        self,
+        raw: bytes,
+        source: str,
+        line: int,
+        n_bytes: int,
+        reason: str | None = None,
+        detail: str | None = None,
+    ) -> None:
         self.raw.append(raw)
         self.source.append(source)
         self.line.append(line)
@@ -103,7 +109,9 @@ def resolve_inputs(patterns: list[str], fmt: str = "auto") -> list[InputFile]:
     files: list[InputFile] = []
     seen: set[str] = set()
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        matches = (
+            sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        )
         matches = [m for m in matches if os.path.isfile(m)]
         if not matches:
             raise ConfigError(f"ingest.inputs: {pattern!r} matches no file")
@@ -123,7 +131,7 @@ def resolve_inputs(patterns: list[str], fmt: str = "auto") -> list[InputFile]:
 
 
 def _open_binary(path: str) -> BinaryIO:
-    fh = open(path, "rb")
+    fh = open(path, "rb")  # noqa: SIM115 - returned to the caller, who closes it
     if fh.read(2) == b"\x1f\x8b":
         fh.seek(0)
         return gzip.GzipFile(fileobj=fh)  # type: ignore[return-value]
@@ -177,7 +185,7 @@ def iter_lines(
         middle = pieces[1:-1]
         middle_sizes = list(map(len, middle))
         if middle_sizes and max(middle_sizes) > max_line_bytes:
-            middle = [cut(p, size) for p, size in zip(middle, middle_sizes)]
+            middle = [cut(p, size) for p, size in zip(middle, middle_sizes, strict=False)]
         lines = [carry, *middle]
         sizes = [carry_size, *middle_sizes]
         carry, carry_size = cut(tail, len(tail)), len(tail)
@@ -198,7 +206,9 @@ def _read_text(file: InputFile, max_line_bytes: int) -> Iterator[RawBlock]:
             block.n_bytes = sizes
             block.reason = [TOO_LONG if s > max_line_bytes else None for s in sizes]
             block.detail = [
-                f"line of {s} bytes over max_line_bytes={max_line_bytes}" if s > max_line_bytes else None
+                f"line of {s} bytes over max_line_bytes={max_line_bytes}"
+                if s > max_line_bytes
+                else None
                 for s in sizes
             ]
             number += n
@@ -210,11 +220,17 @@ def _read_jsonl(file: InputFile, field_name: str, max_line_bytes: int) -> Iterat
     with _open_binary(file.path) as fh:
         for lines, sizes in iter_lines(fh, max_line_bytes):
             block = RawBlock()
-            for line, size in zip(lines, sizes):
+            for line, size in zip(lines, sizes, strict=False):
                 number += 1
                 if size > max_line_bytes:
-                    block.add(line, file.path, number, size, TOO_LONG,
-                              f"line of {size} bytes over max_line_bytes={max_line_bytes}")
+                    block.add(
+                        line,
+                        file.path,
+                        number,
+                        size,
+                        TOO_LONG,
+                        f"line of {size} bytes over max_line_bytes={max_line_bytes}",
+                    )
                     continue
                 if not line.strip():
                     block.add(b"", file.path, number, size)  # dropped later as empty
@@ -226,8 +242,11 @@ def _read_jsonl(file: InputFile, field_name: str, max_line_bytes: int) -> Iterat
                     continue
                 value = obj.get(field_name) if isinstance(obj, dict) else None
                 if not isinstance(value, str):
-                    why = (f"no field {field_name!r}" if not isinstance(obj, dict) or field_name not in obj
-                           else f"field {field_name!r} is {type(value).__name__}, not a string")
+                    why = (
+                        f"no field {field_name!r}"
+                        if not isinstance(obj, dict) or field_name not in obj
+                        else f"field {field_name!r} is {type(value).__name__}, not a string"
+                    )
                     block.add(line, file.path, number, size, MALFORMED, why)
                     continue
                 # Lone surrogates from \\ud800-style escapes survive as invalid UTF-8 bytes.
@@ -235,8 +254,9 @@ def _read_jsonl(file: InputFile, field_name: str, max_line_bytes: int) -> Iterat
             yield block
 
 
-def _read_csv(file: InputFile, field_name: str, delimiter: str, max_line_bytes: int,
-              block_rows: int = 50_000) -> Iterator[RawBlock]:
+def _read_csv(
+    file: InputFile, field_name: str, delimiter: str, max_line_bytes: int, block_rows: int = 50_000
+) -> Iterator[RawBlock]:
     csv.field_size_limit(max_line_bytes)
     with _open_binary(file.path) as fh:
         text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
@@ -259,12 +279,25 @@ def _read_csv(file: InputFile, field_name: str, delimiter: str, max_line_bytes: 
             except StopIteration:
                 break
             except csv.Error as exc:
-                block.add(b"", file.path, reader.line_num, 0, TOO_LONG if "larger than field limit" in str(exc) else MALFORMED, f"CSV error: {exc}")
+                block.add(
+                    b"",
+                    file.path,
+                    reader.line_num,
+                    0,
+                    TOO_LONG if "larger than field limit" in str(exc) else MALFORMED,
+                    f"CSV error: {exc}",
+                )
                 continue
             if column >= len(row):
                 raw = delimiter.join(row).encode("utf-8", "surrogateescape")
-                block.add(raw, file.path, reader.line_num, len(raw), MALFORMED,
-                          f"row has {len(row)} fields, no {field_name!r}")
+                block.add(
+                    raw,
+                    file.path,
+                    reader.line_num,
+                    len(raw),
+                    MALFORMED,
+                    f"row has {len(row)} fields, no {field_name!r}",
+                )
             else:
                 raw = row[column].encode("utf-8", "surrogateescape")
                 block.add(raw, file.path, reader.line_num, len(raw))
@@ -275,15 +308,22 @@ def _read_csv(file: InputFile, field_name: str, delimiter: str, max_line_bytes: 
             yield block
 
 
-def _read_parquet(file: InputFile, field_name: str, max_line_bytes: int,
-                  block_rows: int = 65_536) -> Iterator[RawBlock]:
+def _read_parquet(
+    file: InputFile, field_name: str, max_line_bytes: int, block_rows: int = 65_536
+) -> Iterator[RawBlock]:
     pf = pq.ParquetFile(file.path)
     names = pf.schema_arrow.names
     if field_name not in names:
-        raise ConfigError(f"ingest.field: column {field_name!r} not in {file.path} (columns: {names})")
+        raise ConfigError(
+            f"ingest.field: column {field_name!r} not in {file.path} (columns: {names})"
+        )
     kind = pf.schema_arrow.field(field_name).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-            or pa.types.is_large_binary(kind)):
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
         raise InputError(f"{file.path}: column {field_name!r} is {kind}, not text")
     number = 0
     for batch in pf.iter_batches(columns=[field_name], batch_size=block_rows):
@@ -294,8 +334,14 @@ def _read_parquet(file: InputFile, field_name: str, max_line_bytes: int,
             if value is None:
                 block.add(b"", file.path, number, 0, MALFORMED, "null value")
             elif len(value) > max_line_bytes:
-                block.add(value[:PREVIEW_BYTES], file.path, number, len(value), TOO_LONG,
-                          f"value of {len(value)} bytes over max_line_bytes={max_line_bytes}")
+                block.add(
+                    value[:PREVIEW_BYTES],
+                    file.path,
+                    number,
+                    len(value),
+                    TOO_LONG,
+                    f"value of {len(value)} bytes over max_line_bytes={max_line_bytes}",
+                )
             else:
                 block.add(value, file.path, number, len(value))
         yield block
@@ -309,15 +355,18 @@ def read_blocks(files: list[InputFile], field_name: str, max_line_bytes: int) ->
         elif file.format == "jsonl":
             yield from _read_jsonl(file, field_name, max_line_bytes)
         elif file.format in ("csv", "tsv"):
-            yield from _read_csv(file, field_name, "," if file.format == "csv" else "\t", max_line_bytes)
+            yield from _read_csv(
+                file, field_name, "," if file.format == "csv" else "\t", max_line_bytes
+            )
         elif file.format == "parquet":
             yield from _read_parquet(file, field_name, max_line_bytes)
         else:
             raise ConfigError(f"ingest.format: {file.format!r} is not one of {', '.join(FORMATS)}")
 
 
-def read_chunks(files: list[InputFile], field_name: str, max_line_bytes: int,
-                chunk_rows: int) -> Iterator[RawBlock]:
+def read_chunks(
+    files: list[InputFile], field_name: str, max_line_bytes: int, chunk_rows: int
+) -> Iterator[RawBlock]:
     """Records regrouped into chunks of exactly ``chunk_rows`` (the last may be shorter)."""
     pending = RawBlock()
     for block in read_blocks(files, field_name, max_line_bytes):

@@ -158,9 +158,7 @@ def map_shards(
     """Run ``fn`` over every input shard not yet finished; return the shard infos per output,
     in input order (finished shards from an earlier run included)."""
     inputs = [str(p) for p in inputs]
-    specs = {
-        name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()
-    }
+    specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
     todo = [
         _Job(i, path, specs)
         for i, path in enumerate(inputs)
@@ -168,13 +166,13 @@ def map_shards(
     ]
     bar = Progress(label, total=len(inputs), skipped=len(inputs) - len(todo), enabled=progress)
     if todo:
-        log.info("%s: %d of %d shards to compute on %s", label, len(todo), len(inputs), executor.name)
+        log.info(
+            "%s: %d of %d shards to compute on %s", label, len(todo), len(inputs), executor.name
+        )
     for _, rows, _ in executor.map_unordered(functools.partial(_run_job, fn), todo):
         bar.advance(done=1, rows=rows)
     bar.close()
-    return {
-        name: [w.done_info(i) for i in range(len(inputs))] for name, w in outputs.items()
-    }
+    return {name: [w.done_info(i) for i in range(len(inputs))] for name, w in outputs.items()}
 
 
 def map_tables(

@@ -61,9 +61,11 @@ class SchemaSpec:
         self.check_table(table, dataset)
         schema = self.with_metadata()
         columns = [table.column(f.name) for f in schema]
-        for f, col in zip(schema, columns):
+        for f, col in zip(schema, columns, strict=False):
             if not f.nullable and col.null_count:
-                raise SchemaError(f"dataset {dataset!r}: column {f.name!r} has {col.null_count} nulls")
+                raise SchemaError(
+                    f"dataset {dataset!r}: column {f.name!r} has {col.null_count} nulls"
+                )
         return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -173,4 +175,3 @@ def get(name: str) -> SchemaSpec:
         return REGISTRY[name]
     except KeyError:
         raise SchemaError(f"unknown schema {name!r}; known: {sorted(REGISTRY)}") from None
-

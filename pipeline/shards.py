@@ -206,7 +206,9 @@ class DatasetWriter:
         return ShardInfo(**json.loads(marker.read_text()))
 
     def write(self, index: int, table: pa.Table, counts: dict[str, int] | None = None) -> ShardInfo:
-        return write_shard(self.path, index, table, self.spec, self.name, counts, **self.write_options)
+        return write_shard(
+            self.path, index, table, self.spec, self.name, counts, **self.write_options
+        )
 
     def finished_shards(self) -> list[ShardInfo]:
         if self.complete:
@@ -272,7 +274,9 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     try:
         return json.loads(manifest.read_text())
     except json.JSONDecodeError as exc:
-        raise DataIntegrityError(f"dataset {str(path)!r}: unreadable _manifest.json: {exc}") from None
+        raise DataIntegrityError(
+            f"dataset {str(path)!r}: unreadable _manifest.json: {exc}"
+        ) from None
 
 
 class Dataset:
@@ -298,7 +302,9 @@ class Dataset:
         shard = self.manifest["shards"][index]
         file = self.path / shard["file"]
         if not file.exists():
-            raise DataIntegrityError(f"dataset {str(self.path)!r}: shard {shard['file']} is missing")
+            raise DataIntegrityError(
+                f"dataset {str(self.path)!r}: shard {shard['file']} is missing"
+            )
         pf = pq.ParquetFile(file)
         check_arrow_schema(pf.schema_arrow, self.spec, f"{self.path}/{shard['file']}")
         table = pf.read(columns=columns)

@@ -38,7 +38,9 @@ class ByteStats:
         n = len(arr)
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1, offset=arr.offset * 8)
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+        data = (
+            np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+        )
         # Arrow values are contiguous: row i is data[offsets[i]:offsets[i + 1]].
         self.n = n
         self.data = data[offsets[0] : offsets[-1]]
@@ -77,7 +79,9 @@ class ByteStats:
         # A pair that starts at a row's first byte straddles two rows: the edge test catches it.
         double = self._count(pairs) > 0
         nonempty = self.nbytes > 0
-        first = np.where(nonempty, data[np.minimum(self.start, max(len(data) - 1, 0))] if len(data) else 0, 0)
+        first = np.where(
+            nonempty, data[np.minimum(self.start, max(len(data) - 1, 0))] if len(data) else 0, 0
+        )
         last = np.where(nonempty, data[np.maximum(self.end - 1, 0)] if len(data) else 0, 0)
         return double | (nonempty & ((first == 0x20) | (last == 0x20)))
 

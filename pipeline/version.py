@@ -23,7 +23,9 @@ def package_version() -> str:
 def _stage_sources(stage: str) -> list[Path]:
     module = ROOT / "stages" / f"{stage}.py"
     package = ROOT / "stages" / stage
-    return [module] if module.exists() else sorted(package.rglob("*.py")) if package.is_dir() else []
+    return (
+        [module] if module.exists() else sorted(package.rglob("*.py")) if package.is_dir() else []
+    )
 
 
 @functools.cache

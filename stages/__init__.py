@@ -13,5 +13,6 @@ STAGES: dict[str, tuple[str, str]] = {
 def config_models() -> dict[str, type]:
     """Each stage's config model, imported on demand."""
     return {
-        name: getattr(importlib.import_module(module), cls) for name, (module, cls) in STAGES.items()
+        name: getattr(importlib.import_module(module), cls)
+        for name, (module, cls) in STAGES.items()
     }

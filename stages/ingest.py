@@ -52,7 +52,15 @@ STAGE = "ingest"
 PREVIEW_CHARS = 500
 # Drop reasons, in the order they are tested; a row gets the first that applies.
 READER_REASONS = ("too_long", "malformed_record")
-REASONS = ("invalid_utf8", "nul_byte", "malformed_record", "empty", "too_short", "too_long", "duplicate")
+REASONS = (
+    "invalid_utf8",
+    "nul_byte",
+    "malformed_record",
+    "empty",
+    "too_short",
+    "too_long",
+    "duplicate",
+)
 
 
 class IngestConfig(StageConfig):
@@ -76,7 +84,9 @@ class IngestConfig(StageConfig):
     @model_validator(mode="after")
     def _words_order(self) -> IngestConfig:
         if self.min_words > self.max_words:
-            raise ValueError(f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})")
+            raise ValueError(
+                f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})"
+            )
         return self
 
 
@@ -132,8 +142,11 @@ def clean_shard(
     assign(words == 0, "empty")
     assign(words < min_words, "too_short", lambda i: f"{words[i]} words < min_words={min_words}")
     too_long = (words > max_words) | (chars > max_chars)
-    assign(too_long, "too_long",
-           lambda i: f"{words[i]} words, {chars[i]} chars (max {max_words} words, {max_chars} chars)")
+    assign(
+        too_long,
+        "too_long",
+        lambda i: f"{words[i]} words, {chars[i]} chars (max {max_words} words, {max_chars} chars)",
+    )
     keep = reason == None  # noqa: E711
     kept_text = norm.filter(pa.array(keep))
     ids, keys = sentence_ids(kept_text.to_pylist())
@@ -149,11 +162,17 @@ def clean_shard(
     )
     drop_idx = np.flatnonzero(~keep)
     rejected = _quarantine_rows(
-        reason[drop_idx], table[S.SOURCE].take(pa.array(drop_idx)), table[S.LINE].take(pa.array(drop_idx)),
-        text.take(pa.array(drop_idx)), table[S.N_BYTES].take(pa.array(drop_idx)), detail[drop_idx],
+        reason[drop_idx],
+        table[S.SOURCE].take(pa.array(drop_idx)),
+        table[S.LINE].take(pa.array(drop_idx)),
+        text.take(pa.array(drop_idx)),
+        table[S.N_BYTES].take(pa.array(drop_idx)),
+        detail[drop_idx],
     )
     counts = {"read": n, "kept": int(keep.sum())}
-    for why, count in zip(*np.unique(reason[drop_idx].astype(str), return_counts=True)):
+    for why, count in zip(
+        *np.unique(reason[drop_idx].astype(str), return_counts=True), strict=False
+    ):
         counts[f"dropped.{why}"] = int(count)
     return ShardResult({"clean": clean, "rejected": rejected}, counts)
 
@@ -232,10 +251,14 @@ def _raw_chunks(
 ):
     """Yield ``(index, raw_records table)`` for every chunk some output has not finished.
     Finished chunks are still read (to advance the reader) but not built or cleaned again.
-    ``counter[0]`` ends as the number of chunks."""
-    for index, block in enumerate(read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows)):
+    ``counter`` ends as [chunks, chunks already finished]."""
+    for index, block in enumerate(
+        read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows)
+    ):
         counter[0] = index + 1
-        if not all(w.is_done(index) for w in outputs):
+        if all(w.is_done(index) for w in outputs):
+            counter[1] += 1
+        else:
             yield index, _block_table(block)
 
 
@@ -272,7 +295,9 @@ def _dedup_step(
         table = clean_ds.read_shard(i) if need else None
         if not quarantine.is_done(i):
             parts = [rejected_ds.read_shard(i), _duplicates(table, mask)]
-            quarantine.write(i, pa.concat_tables([S.QUARANTINE.conform(t, cfg.quarantine) for t in parts]))
+            quarantine.write(
+                i, pa.concat_tables([S.QUARANTINE.conform(t, cfg.quarantine) for t in parts])
+            )
         if kept_i:
             kept = table.filter(pa.array(mask)).drop_columns([S.KEY]) if table is not None else None
             buffer.append((kept, kept_i))
@@ -282,7 +307,9 @@ def _dedup_step(
             head, buffer = _split_front(buffer, take)
             if not sentences.is_done(shard):
                 if any(t is None for t, _ in head):
-                    raise DataIntegrityError(f"ingest: internal error, shard {shard} needs unread rows")
+                    raise DataIntegrityError(
+                        f"ingest: internal error, shard {shard} needs unread rows"
+                    )
                 sentences.write(shard, pa.concat_tables([t for t, _ in head]))
             buffered -= take
             emitted += take
@@ -330,23 +357,50 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     fingerprint = _fingerprint(cfg, files)
     params = cfg.model_dump()
     out = Path(cfg.output)
-    sentences = DatasetWriter(out, S.SENTENCES, stage=STAGE, params=params, fingerprint=fingerprint,
-                              rows_per_shard=cfg.rows_per_shard, name=cfg.output)
-    quarantine = DatasetWriter(cfg.quarantine, S.QUARANTINE, stage=STAGE, params=params,
-                               fingerprint=fingerprint, name=cfg.quarantine)
+    sentences = DatasetWriter(
+        out,
+        S.SENTENCES,
+        stage=STAGE,
+        params=params,
+        fingerprint=fingerprint,
+        rows_per_shard=cfg.rows_per_shard,
+        name=cfg.output,
+    )
+    quarantine = DatasetWriter(
+        cfg.quarantine,
+        S.QUARANTINE,
+        stage=STAGE,
+        params=params,
+        fingerprint=fingerprint,
+        name=cfg.quarantine,
+    )
     work = out / "_work"
     if not (sentences.complete and quarantine.complete):
+
         def work_writer(name: str, spec: S.SchemaSpec) -> DatasetWriter:
-            return DatasetWriter(work / name, spec, stage=STAGE, params=params,
-                                 fingerprint=fingerprint, rows_per_shard=cfg.chunk_rows, scratch=True)
+            return DatasetWriter(
+                work / name,
+                spec,
+                stage=STAGE,
+                params=params,
+                fingerprint=fingerprint,
+                rows_per_shard=cfg.chunk_rows,
+                scratch=True,
+            )
 
         clean = work_writer("clean", S.CLEAN_RECORDS)
         rejected = work_writer("rejected", S.QUARANTINE)
-        n_chunks = [0]
+        n_chunks = [0, 0]
         outputs = {"clean": clean, "rejected": rejected}
         if not (clean.complete and rejected.complete):
             chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks)
             map_tables(_clean_fn(cfg), chunks, outputs, executor, "ingest/read+clean", progress)
+            log.info(
+                "ingest/read+clean: cleaned %d of %d chunks; %d were already finished",
+                n_chunks[0] - n_chunks[1],
+                n_chunks[0],
+                n_chunks[1],
+            )
         else:
             n_chunks[0] = len(clean.finished_shards())
         clean.finalize(n_chunks[0])
@@ -368,7 +422,10 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     atomic_write_json(Path(cfg.metrics), metrics)
     log.info(
         "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
-        metrics["rows_read"], len(files), metrics["rows_kept"], metrics["rows_dropped_total"],
+        metrics["rows_read"],
+        len(files),
+        metrics["rows_kept"],
+        metrics["rows_dropped_total"],
         ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
     )
     return metrics
@@ -378,8 +435,11 @@ def _clean_fn(cfg: IngestConfig):
     import functools
 
     return functools.partial(
-        clean_shard, min_words=cfg.min_words, max_words=cfg.max_words,
-        max_chars=cfg.max_chars, invalid_utf8=cfg.invalid_utf8,
+        clean_shard,
+        min_words=cfg.min_words,
+        max_words=cfg.max_words,
+        max_chars=cfg.max_chars,
+        invalid_utf8=cfg.invalid_utf8,
     )
 
 
@@ -412,15 +472,42 @@ def _metrics(counts: dict[str, int], sentences: DatasetWriter, quarantine: Datas
 @cli_errors
 def command(
     root: Annotated[str | None, typer.Option(help="Folder the inputs are relative to.")] = None,
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="A file or glob under --root; repeat for several.")] = None,
-    format: Annotated[str | None, typer.Option("--format", help="auto (from the file name), txt, jsonl, csv, tsv or parquet.")] = None,
-    field: Annotated[str | None, typer.Option(help="JSON field, CSV/TSV column or Parquet column holding the text.")] = None,
-    min_words: Annotated[int | None, typer.Option(help="Drop rows with fewer words (reason too_short).")] = None,
-    max_words: Annotated[int | None, typer.Option(help="Drop rows with more words (reason too_long).")] = None,
-    max_chars: Annotated[int | None, typer.Option(help="Drop rows with more characters (reason too_long).")] = None,
-    max_line_bytes: Annotated[int | None, typer.Option(help="Records above this size are dropped without being held in memory.")] = None,
-    invalid_utf8: Annotated[str | None, typer.Option(help="quarantine: drop rows that are not UTF-8; replace: keep them with U+FFFD.")] = None,
-    rows_per_shard: Annotated[int | None, typer.Option(help="Rows per output Parquet shard.")] = None,
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("--input", "-i", help="A file or glob under --root; repeat for several."),
+    ] = None,
+    format: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="auto (from the file name), txt, jsonl, csv, tsv or parquet."
+        ),
+    ] = None,
+    field: Annotated[
+        str | None,
+        typer.Option(help="JSON field, CSV/TSV column or Parquet column holding the text."),
+    ] = None,
+    min_words: Annotated[
+        int | None, typer.Option(help="Drop rows with fewer words (reason too_short).")
+    ] = None,
+    max_words: Annotated[
+        int | None, typer.Option(help="Drop rows with more words (reason too_long).")
+    ] = None,
+    max_chars: Annotated[
+        int | None, typer.Option(help="Drop rows with more characters (reason too_long).")
+    ] = None,
+    max_line_bytes: Annotated[
+        int | None,
+        typer.Option(help="Records above this size are dropped without being held in memory."),
+    ] = None,
+    invalid_utf8: Annotated[
+        str | None,
+        typer.Option(
+            help="quarantine: drop rows that are not UTF-8; replace: keep them with U+FFFD."
+        ),
+    ] = None,
+    rows_per_shard: Annotated[
+        int | None, typer.Option(help="Rows per output Parquet shard.")
+    ] = None,
     chunk_rows: Annotated[int | None, typer.Option(help="Rows per parallel work unit.")] = None,
     output: Annotated[str | None, typer.Option(help="Output dataset folder.")] = None,
     quarantine: Annotated[str | None, typer.Option(help="Quarantine dataset folder.")] = None,

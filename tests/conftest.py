@@ -24,7 +24,9 @@ def shared_data() -> Path:
     return path
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path, timeout: float = 300, **kwargs
+) -> subprocess.CompletedProcess:
     """Run ``pairforge ARGS`` in a subprocess, as a user would."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), DVC_NO_ANALYTICS="1")
     return subprocess.run(

@@ -30,7 +30,9 @@ def test_ingest_help_explains_every_option():
 
 
 def test_invalid_value_is_one_line_exit_2(tmp_path):
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["x.txt"], "format": "xml"}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"ingest": {"inputs": ["x.txt"], "format": "xml"}})
+    )
     result = run_cli(["ingest"], cwd=tmp_path)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -41,15 +43,30 @@ def test_invalid_value_is_one_line_exit_2(tmp_path):
 
 def test_unknown_key_and_bad_number_and_override(tmp_path):
     (tmp_path / "a.txt").write_text("one two three four\n")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_wrds": 2}}))
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_wrds": 2}})
+    )
     result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml")])
     assert result.exit_code == 2
     assert "ingest.min_wrds: unknown key; allowed keys: root, inputs, format" in result.output
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"]}}))
-    result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml"), "--rows-per-shard", "0"])
+    result = runner.invoke(
+        app, ["ingest", "--params", str(tmp_path / "params.yaml"), "--rows-per-shard", "0"]
+    )
     assert result.exit_code == 2
     assert "ingest.rows_per_shard: 0 is invalid" in result.output
-    result = runner.invoke(app, ["ingest", "--params", str(tmp_path / "params.yaml"), "--min-words", "9", "--max-words", "3"])
+    result = runner.invoke(
+        app,
+        [
+            "ingest",
+            "--params",
+            str(tmp_path / "params.yaml"),
+            "--min-words",
+            "9",
+            "--max-words",
+            "3",
+        ],
+    )
     assert result.exit_code == 2 and "min_words (9) must not exceed max_words (3)" in result.output
 
 
@@ -60,8 +77,12 @@ def test_missing_params_file_is_a_config_error(tmp_path):
 
 def test_cli_options_override_params(tmp_path):
     (tmp_path / "a.txt").write_text("one two three four\nfive six\n")
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_words": 3}}))
-    result = run_cli(["ingest", "--min-words", "2", "--output", "out", "--no-progress"], cwd=tmp_path)
+    (tmp_path / "params.yaml").write_text(
+        yaml.safe_dump({"ingest": {"inputs": ["a.txt"], "min_words": 3}})
+    )
+    result = run_cli(
+        ["ingest", "--min-words", "2", "--output", "out", "--no-progress"], cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr
     assert "kept 2" in result.stderr
 
@@ -82,12 +103,14 @@ def test_profiles_validate_and_switch(tmp_path):
 
 
 def test_committed_params_equal_the_demo_profile():
-    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == yaml.safe_load(preset_path("demo").read_text())
+    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == yaml.safe_load(
+        preset_path("demo").read_text()
+    )
 
 
 def test_dvc_stages_read_exactly_their_params_sections():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    for stage, model in config_models().items():
+    for stage, _model in config_models().items():
         spec = dvc["stages"][stage]
         assert spec["cmd"].split()[:2] == ["pairforge", stage]
         assert spec["params"] == [stage]

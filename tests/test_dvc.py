@@ -17,10 +17,20 @@ from tests.conftest import ROOT
 
 def dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     bin_dir = str(Path(sys.executable).parent)
-    env = dict(os.environ, DVC_NO_ANALYTICS="1", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = dict(
+        os.environ,
+        DVC_NO_ANALYTICS="1",
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(ROOT),
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture()

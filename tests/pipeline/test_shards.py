@@ -27,8 +27,9 @@ def sentences(n: int, offset: int = 0) -> pa.Table:
 
 
 def write_dataset(path, tables, fingerprint="fp1") -> dict:
-    writer = DatasetWriter(path, S.SENTENCES, stage="test", params={"k": 1}, fingerprint=fingerprint,
-                           rows_per_shard=3)
+    writer = DatasetWriter(
+        path, S.SENTENCES, stage="test", params={"k": 1}, fingerprint=fingerprint, rows_per_shard=3
+    )
     for i, t in enumerate(tables):
         writer.write(i, t, counts={"rows": t.num_rows})
     return writer.finalize(len(tables))
@@ -38,7 +39,9 @@ def test_round_trip_and_manifest(tmp_path):
     manifest = write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
     ds = open_dataset(tmp_path / "ds", S.SENTENCES, verify=True)
     assert ds.num_rows == 5 and len(ds) == 2
-    assert ds.read_table().equals(pa.concat_tables([sentences(3), sentences(2, 3)]).cast(S.SENTENCES.schema))
+    assert ds.read_table().equals(
+        pa.concat_tables([sentences(3), sentences(2, 3)]).cast(S.SENTENCES.schema)
+    )
     on_disk = json.loads((tmp_path / "ds" / "_manifest.json").read_text())
     assert on_disk == manifest
     assert manifest["schema"] == {**manifest["schema"], "name": "sentences", "version": 1}
@@ -62,7 +65,10 @@ def test_other_tools_read_the_shards(tmp_path):
 def test_schema_mismatch_on_write_names_dataset_and_columns(tmp_path):
     writer = DatasetWriter(tmp_path / "ds", S.SENTENCES, stage="t", params={}, fingerprint="f")
     bad = sentences(2).drop_columns([S.LINE]).append_column("lineno", pa.array([1, 2]))
-    with pytest.raises(S.SchemaError, match=r"dataset .*ds.*expected schema sentences v1.*missing \['line'\].*unexpected \['lineno'\]"):
+    with pytest.raises(
+        S.SchemaError,
+        match=r"dataset .*ds.*expected schema sentences v1.*missing \['line'\].*unexpected \['lineno'\]",
+    ):
         writer.write(0, bad)
     retyped = sentences(2).set_column(3, S.LINE, pa.array(["1", "2"]))
     with pytest.raises(S.SchemaError, match=r"type of line is string not int64"):
@@ -71,7 +77,9 @@ def test_schema_mismatch_on_write_names_dataset_and_columns(tmp_path):
 
 def test_schema_mismatch_on_read(tmp_path):
     write_dataset(tmp_path / "ds", [sentences(3)])
-    with pytest.raises(S.SchemaError, match=r"dataset '.*ds': expected schema quarantine v1 .* found sentences v1"):
+    with pytest.raises(
+        S.SchemaError, match=r"dataset '.*ds': expected schema quarantine v1 .* found sentences v1"
+    ):
         open_dataset(tmp_path / "ds", S.QUARANTINE)
     # A shard replaced by one of another layout is caught when it is read.
     pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "ds" / "part-00000.parquet")
@@ -123,7 +131,9 @@ def test_complete_dataset_with_same_fingerprint_is_kept(tmp_path):
     writer = DatasetWriter(tmp_path / "ds", S.SENTENCES, stage="test", params={}, fingerprint="fp1")
     assert writer.complete and writer.is_done(0)
     assert writer.finalize(1) == manifest
-    changed = DatasetWriter(tmp_path / "ds", S.SENTENCES, stage="test", params={}, fingerprint="fp2")
+    changed = DatasetWriter(
+        tmp_path / "ds", S.SENTENCES, stage="test", params={}, fingerprint="fp2"
+    )
     assert not changed.complete and not (tmp_path / "ds" / "_manifest.json").exists()
 
 

@@ -56,8 +56,15 @@ def write_formats(tmp_path) -> dict[str, str]:
             writer.writerow(["n", "text"])
             writer.writerows([[i, t] for i, t in enumerate(GOOD)])
     pq.write_table(pa.table({"n": list(range(5)), "text": GOOD}), tmp_path / "a.parquet")
-    return {"txt": "a.txt", "txt.gz": "a.txt.gz", "jsonl": "a.jsonl", "jsonl.gz": "a.jsonl.gz",
-            "csv": "a.csv", "tsv": "a.tsv", "parquet": "a.parquet"}
+    return {
+        "txt": "a.txt",
+        "txt.gz": "a.txt.gz",
+        "jsonl": "a.jsonl",
+        "jsonl.gz": "a.jsonl.gz",
+        "csv": "a.csv",
+        "tsv": "a.tsv",
+        "parquet": "a.parquet",
+    }
 
 
 @pytest.mark.parametrize("fmt", ["txt", "txt.gz", "jsonl", "jsonl.gz", "csv", "tsv", "parquet"])
@@ -74,7 +81,9 @@ def test_every_input_format(tmp_path, fmt):
 
 def test_several_files_and_globs_dedup_across_files(tmp_path):
     write_formats(tmp_path)
-    metrics, sentences, quarantine = ingest(tmp_path, ["a.*", "a.txt"], rows_per_shard=2, chunk_rows=3)
+    metrics, sentences, quarantine = ingest(
+        tmp_path, ["a.*", "a.txt"], rows_per_shard=2, chunk_rows=3
+    )
     assert sentences[S.TEXT].to_pylist() == GOOD  # first occurrence wins, order kept
     assert metrics["rows_read"] == 35
     assert metrics["rows_dropped"]["duplicate"] == 30
@@ -139,7 +148,9 @@ def write_bad_corpus(tmp_path) -> None:
 
 def test_bad_input_counts_every_reason_exactly(tmp_path):
     write_bad_corpus(tmp_path)
-    metrics, sentences, quarantine = ingest(tmp_path, ["bad.txt"], max_line_bytes=2_000_000, chunk_rows=4)
+    metrics, sentences, quarantine = ingest(
+        tmp_path, ["bad.txt"], max_line_bytes=2_000_000, chunk_rows=4
+    )
     assert metrics["rows_read"] == 19
     assert metrics["rows_dropped"] == BAD_EXPECTED
     assert metrics["rows_kept"] == 4
@@ -163,7 +174,9 @@ def test_bad_input_counts_every_reason_exactly(tmp_path):
 
 def test_invalid_utf8_can_be_repaired_instead(tmp_path):
     write_bad_corpus(tmp_path)
-    metrics, sentences, _ = ingest(tmp_path, ["bad.txt"], invalid_utf8="replace", max_line_bytes=2_000_000)
+    metrics, sentences, _ = ingest(
+        tmp_path, ["bad.txt"], invalid_utf8="replace", max_line_bytes=2_000_000
+    )
     assert metrics["rows_dropped"]["invalid_utf8"] == 0
     assert "caf\ufffd au lait is served warm every morning" in sentences[S.TEXT].to_pylist()
 
@@ -183,14 +196,21 @@ def test_jsonl_and_csv_record_errors_are_quarantined(tmp_path):
     assert metrics["rows_dropped"]["malformed_record"] == 4
     assert metrics["rows_dropped"]["invalid_utf8"] == 1
     assert metrics["rows_dropped"]["empty"] == 1
-    details = dict(zip(quarantine[S.LINE].to_pylist(), quarantine[S.DETAIL].to_pylist()))
+    details = dict(
+        zip(quarantine[S.LINE].to_pylist(), quarantine[S.DETAIL].to_pylist(), strict=False)
+    )
     assert details[2] == "field 'text' is int, not a string"
     assert details[3] == "no field 'text'"
     assert details[4].startswith("invalid JSON")
 
-    (tmp_path / "x.csv").write_bytes(b"id,text\n1,A perfectly fine sentence is here.\n2\n3,\"multi\nline value here ok\"\n")
+    (tmp_path / "x.csv").write_bytes(
+        b'id,text\n1,A perfectly fine sentence is here.\n2\n3,"multi\nline value here ok"\n'
+    )
     metrics, sentences, quarantine = ingest(tmp_path, ["x.csv"])
-    assert sentences[S.TEXT].to_pylist() == ["A perfectly fine sentence is here.", "multi line value here ok"]
+    assert sentences[S.TEXT].to_pylist() == [
+        "A perfectly fine sentence is here.",
+        "multi line value here ok",
+    ]
     assert quarantine[S.REASON].to_pylist() == ["malformed_record"]
 
 
