@@ -51,7 +51,6 @@ log = logging.getLogger("pairforge")
 STAGE = "ingest"
 PREVIEW_CHARS = 500
 # Drop reasons, in the order they are tested; a row gets the first that applies.
-READER_REASONS = ("too_long", "malformed_record")
 REASONS = (
     "invalid_utf8",
     "nul_byte",

@@ -1,0 +1,86 @@
+"""The runner maps a per-shard function over shard files and skips finished shards."""
+
+from __future__ import annotations
+
+import functools
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pipeline import schemas as S
+from pipeline.runner import LocalExecutor, ShardResult, map_shards, map_tables
+from pipeline.shards import DatasetWriter, open_dataset
+
+
+def upper(table: pa.Table, calls: list[int] | None = None) -> ShardResult:
+    if calls is not None:
+        calls.append(table.num_rows)
+    out = table.set_column(1, S.TEXT, pc.utf8_upper(table[S.TEXT]))
+    return ShardResult({"out": out}, {"rows": table.num_rows})
+
+
+def make_input(tmp_path, shards: int = 3) -> DatasetWriter:
+    writer = DatasetWriter(tmp_path / "in", S.SENTENCES, stage="t", params={}, fingerprint="f")
+    for i in range(shards):
+        writer.write(
+            i,
+            pa.table(
+                {
+                    S.ID: [f"{i}a", f"{i}b"],
+                    S.TEXT: ["x y", "z w"],
+                    S.SOURCE: ["s", "s"],
+                    S.LINE: [1, 2],
+                }
+            ),
+        )
+    writer.finalize(shards)
+    return writer
+
+
+def test_map_shards_writes_every_shard_and_resumes(tmp_path):
+    make_input(tmp_path)
+    inputs = open_dataset(tmp_path / "in", S.SENTENCES).files
+    out = DatasetWriter(tmp_path / "out", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    calls: list[int] = []
+    infos = map_shards(
+        functools.partial(upper, calls=calls),
+        inputs[:2],
+        {"out": out},
+        LocalExecutor(),
+        "t",
+        progress=False,
+    )
+    assert [i.rows for i in infos["out"]] == [2, 2] and calls == [2, 2]
+    # A new run over all three inputs recomputes only the missing shard.
+    out = DatasetWriter(tmp_path / "out", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    calls.clear()
+    infos = map_shards(
+        functools.partial(upper, calls=calls),
+        inputs,
+        {"out": out},
+        LocalExecutor(),
+        "t",
+        progress=False,
+    )
+    assert calls == [2] and [i.counts for i in infos["out"]] == [{"rows": 2}] * 3
+    out.finalize(3)
+    assert (
+        open_dataset(tmp_path / "out", S.SENTENCES).read_table()[S.TEXT].to_pylist()
+        == ["X Y", "Z W"] * 3
+    )
+
+
+def test_map_tables_and_output_mismatch(tmp_path):
+    make_input(tmp_path, shards=1)
+    table = open_dataset(tmp_path / "in", S.SENTENCES).read_shard(0)
+    out = DatasetWriter(tmp_path / "out", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    map_tables(
+        upper, iter([(0, table), (1, table)]), {"out": out}, LocalExecutor(), "t", progress=False
+    )
+    assert out.is_done(0) and out.is_done(1)
+    other = DatasetWriter(tmp_path / "other", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    with pytest.raises(ValueError, match=r"returned outputs \['out'\], expected \['wrong'\]"):
+        map_tables(
+            upper, iter([(0, table)]), {"wrong": other}, LocalExecutor(), "t", progress=False
+        )
