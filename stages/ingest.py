@@ -42,7 +42,7 @@ from pipeline.errors import DataIntegrityError
 from pipeline.progress import Progress
 from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pipeline.runner import Executor, ShardResult, map_tables
-from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json
+from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json, open_dataset
 from pipeline.text import ByteStats, normalize, sentence_ids, word_counts
 from pipeline.version import source_hash
 
@@ -270,8 +270,6 @@ def _dedup_step(
     progress: bool,
 ) -> tuple[int, int, int]:
     """Write final shards; returns (sentence shards, quarantine shards, duplicates)."""
-    from pipeline.shards import open_dataset
-
     clean_ds = open_dataset(clean.path, S.CLEAN_RECORDS)
     rejected_ds = open_dataset(rejected.path, S.QUARANTINE)
     dedup = Deduplicator()

@@ -82,6 +82,17 @@ def snapshot(path: Path) -> dict:
     return out
 
 
+def start_ingest(path: Path) -> subprocess.Popen:
+    """Start `pairforge ingest` in the background, to be killed."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", "ingest", "--no-progress"],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     path = tmp_path_factory.mktemp("reference")
@@ -109,13 +120,7 @@ def test_sigkill_then_resume_gives_identical_output(reference, tmp_path, trial):
     rng = random.Random(1000 + trial)
     kills = 0
     for _ in range(3):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", "ingest", "--no-progress"],
-            cwd=tmp_path,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        proc = start_ingest(tmp_path)
         time.sleep(rng.uniform(0.2, elapsed * 0.95))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -133,13 +138,7 @@ def test_resume_skips_finished_shards(reference, tmp_path):
     """Kill during the clean step, then check the resumed run reports skipped work."""
     _, expected, _ = reference
     make_project(tmp_path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "ingest", "--no-progress"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_ingest(tmp_path)
     clean_progress = tmp_path / "data/sentences/_work/clean/_progress"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
