@@ -25,6 +25,29 @@ N_BYTES = "n_bytes"
 KEY = "key"
 RAW = "raw"
 
+# candidates (augment stages: backtranslate, rewrite)
+CANDIDATE_ID = "candidate_id"
+ROUTE = "route"
+ENGINE = "engine"
+MODEL = "model"
+DECODING = "decoding"
+NOISE = "noise"
+NOISED_TEXT = "noised_text"
+PIVOT = "pivot"
+IDENTICAL = "identical"
+LENGTH_RATIO = "length_ratio"
+EDIT_RATIO = "edit_ratio"
+
+# embeddings
+VECTOR = "vector"
+
+# pairs (the training dataset written by `sample`; the trainer's objectives read these names)
+POSITIVE_TEXT = "positive_text"  # DenoSent: one back-translation of `text`
+VIEW1_TEXT = "view1_text"  # BSL: first view (en-de-en)
+VIEW2_TEXT = "view2_text"  # BSL: second view (en-fr-en)
+POSITIVE_TEXTS = "positive_texts"  # DebCSE: sampled positives (eqs. 5-6)
+NEGATIVE_TEXTS = "negative_texts"  # DebCSE: sampled hard negatives (eqs. 3-4)
+
 # Parquet key-value metadata keys that make a shard self-describing.
 META_SCHEMA = b"pairforge.schema"
 META_VERSION = b"pairforge.schema_version"
@@ -165,8 +188,65 @@ CLEAN_RECORDS = SchemaSpec(
     doc="`key` is `id` as an integer, for vectorised deduplication. Normalised rows that passed every per-row filter, before deduplication.",
 )
 
+CANDIDATES = SchemaSpec(
+    name="candidates",
+    version=1,
+    schema=pa.schema(
+        [
+            pa.field(ID, pa.string(), nullable=False),
+            pa.field(CANDIDATE_ID, pa.string(), nullable=False),
+            pa.field(TEXT, pa.string(), nullable=False),
+            pa.field(ROUTE, pa.string(), nullable=False),
+            pa.field(ENGINE, pa.string(), nullable=False),
+            pa.field(MODEL, pa.string(), nullable=False),
+            pa.field(DECODING, pa.string(), nullable=False),
+            pa.field(NOISE, pa.string(), nullable=False),
+            pa.field(NOISED_TEXT, pa.string(), nullable=False),
+            pa.field(PIVOT, pa.string(), nullable=True),
+            pa.field(IDENTICAL, pa.bool_(), nullable=False),
+            pa.field(LENGTH_RATIO, pa.float32(), nullable=False),
+            pa.field(EDIT_RATIO, pa.float32(), nullable=False),
+        ]
+    ),
+    doc=(
+        "Positive candidates of a sentence (augmentations). `id` is the source sentence's id; "
+        "`candidate_id` is BLAKE2b-64 hex over (id, route, model, decoding, noise, index) and "
+        "unique in the dataset. `route` is e.g. `en-zh-en` or `llm`; `engine` `transformers`, "
+        "`ctranslate2` or `openai`; `model` the model ids joined by `+`; `decoding` a canonical "
+        "string such as `greedy` or `sample(top_k=50,top_p=0.95,temperature=1.0)#2`. `noise` is "
+        "`none`, `insert:<word>@<pos>[,...]` or `mask@<pos>[,...]`, and `noised_text` the text "
+        "that was translated. `pivot` is the intermediate translation (null for one-step routes). "
+        "`identical` flags a candidate equal to its source after whitespace normalisation; "
+        "`length_ratio` is candidate chars / source chars and `edit_ratio` the normalised "
+        "character Indel distance to the source, in [0, 1]."
+    ),
+)
+
+
+def embeddings_spec(dim: int, dtype: str = "float32") -> SchemaSpec:
+    """The ``embeddings`` schema for vectors of ``dim`` components of ``dtype`` (float32/float16).
+
+    Rows are aligned with the dataset they embed (same order as its shards); `id` is the
+    sentence id, or the candidate id for candidate embeddings. Vectors are L2-normalised.
+    """
+    if dtype not in ("float32", "float16"):
+        raise SchemaError(f"embedding dtype must be float32 or float16, not {dtype!r}")
+    value = pa.float32() if dtype == "float32" else pa.float16()
+    return SchemaSpec(
+        name="embeddings",
+        version=1,
+        schema=pa.schema(
+            [
+                pa.field(ID, pa.string(), nullable=False),
+                pa.field(VECTOR, pa.list_(value, dim), nullable=False),
+            ]
+        ),
+        doc=f"L2-normalised {dim}-d {dtype} sentence embeddings, keyed by `id`.",
+    )
+
+
 REGISTRY: dict[str, SchemaSpec] = {
-    spec.name: spec for spec in (SENTENCES, QUARANTINE, RAW_RECORDS, CLEAN_RECORDS)
+    spec.name: spec for spec in (SENTENCES, QUARANTINE, RAW_RECORDS, CLEAN_RECORDS, CANDIDATES)
 }
 
 
