@@ -61,46 +61,55 @@ class ByteStats:
     def count(self, byte: int) -> np.ndarray:
         return self._count(self.data == byte)
 
-    def any_below(self, value: int) -> np.ndarray:
-        return self._count(self.data < value) > 0
 
-    def nonascii(self) -> np.ndarray:
-        return self._count(self.data >= 0x80) > 0
+# Everything ``normalize_one`` would change in a row: a character it turns into a space (a space
+# other than U+0020 included), a double space, or a space at either end. NFC is checked apart.
+_NEEDS_WORK = r"[\p{Cc}\p{Zl}\p{Zp}\x{FEFF}\x{200B}]|[^\P{Zs} ]|  |^ | $"
 
-    def chars(self) -> np.ndarray:
-        """Code points of valid UTF-8 rows: bytes that are not continuation bytes."""
-        return self.nbytes - self._count((self.data & 0xC0) == 0x80)
 
-    def double_or_edge_space(self) -> np.ndarray:
-        data = self.data
-        pairs = np.zeros(len(data), dtype=bool)
-        if len(data) > 1:
-            pairs[1:] = (data[1:] == 0x20) & (data[:-1] == 0x20)
-        # A pair that starts at a row's first byte straddles two rows: the edge test catches it.
-        double = self._count(pairs) > 0
-        nonempty = self.nbytes > 0
-        first = np.where(
-            nonempty, data[np.minimum(self.start, max(len(data) - 1, 0))] if len(data) else 0, 0
-        )
-        last = np.where(nonempty, data[np.maximum(self.end - 1, 0)] if len(data) else 0, 0)
-        return double | (nonempty & ((first == 0x20) | (last == 0x20)))
+def _rows_with_double_space(stats: ByteStats) -> np.ndarray:
+    """Row mask: the row holds two consecutive 0x20 bytes (found sparsely, no per-byte reduce)."""
+    data = stats.data
+    hits = np.zeros(stats.n, dtype=bool)
+    if len(data) > 1:
+        pos = np.flatnonzero((data[1:] == 0x20) & (data[:-1] == 0x20))
+        if len(pos):
+            rows = np.searchsorted(stats.start, pos, side="right") - 1
+            # A pair straddling two rows starts at a row's last byte: not a double space.
+            inside = pos + 1 < stats.end[rows]
+            hits[rows[inside]] = True
+    return hits
 
 
 def normalize(texts: pa.Array) -> pa.Array:
-    """``normalize_one`` over an Arrow string array.
+    """``normalize_one`` over an Arrow string array, with the same result row for row.
 
-    Rows that are already normal (printable ASCII, single-spaced, trimmed: most of any real
-    corpus) are found from the raw bytes with numpy and left alone; only the rest go through
-    Python.
+    Most rows of any real corpus are already normal. Arrow kernels and numpy find the few that
+    are not (printable ASCII, single-spaced and trimmed rows are normal; other rows are normal
+    when they are NFC and hold nothing ``_NEEDS_WORK`` matches); only those go through Python.
     """
-    stats = ByteStats(texts)
-    ctrl = stats.any_below(0x20) | (stats.count(0x7F) > 0)
-    todo = np.flatnonzero(stats.nonascii() | ctrl | stats.double_or_edge_space())
-    if not len(todo):
+    if not len(texts):
         return texts
-    fixed = [normalize_one(t) for t in texts.take(pa.array(todo)).to_pylist()]
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    stats = ByteStats(texts)
+    printable = pc.ascii_is_printable(texts).to_numpy(zero_copy_only=False)
+    edge = pc.not_equal(
+        pc.binary_length(pc.utf8_trim(texts, " ")), pc.binary_length(texts)
+    ).to_numpy(zero_copy_only=False)
+    suspects = np.flatnonzero(~printable | edge | _rows_with_double_space(stats))
+    if not len(suspects):
+        return texts
+    subset = texts.take(pa.array(suspects))
+    work = pc.match_substring_regex(subset, _NEEDS_WORK).to_numpy(zero_copy_only=False)
+    values = subset.to_pylist()
+    todo = [
+        k for k, text in enumerate(values) if work[k] or not unicodedata.is_normalized("NFC", text)
+    ]
+    if not todo:
+        return texts
     mask = np.zeros(len(texts), dtype=bool)
-    mask[todo] = True
+    mask[suspects[todo]] = True
+    fixed = [normalize_one(values[k]) for k in todo]
     return pc.replace_with_mask(texts, pa.array(mask), pa.array(fixed, pa.string()))
 
 
@@ -110,11 +119,27 @@ def word_counts(normalized: pa.Array) -> np.ndarray:
     return np.where(stats.nbytes > 0, stats.count(0x20) + 1, 0)
 
 
-def sentence_ids(normalized: list[str]) -> tuple[list[str], np.ndarray]:
-    """Stable ids: the first 64 bits of BLAKE2b of the UTF-8 text, as hex and as uint64."""
-    digests = [hashlib.blake2b(t.encode(), digest_size=8).digest() for t in normalized]
-    keys = np.frombuffer(b"".join(digests), dtype=">u8").astype(np.uint64)
-    return [d.hex() for d in digests], keys
+def char_counts(texts: pa.Array) -> np.ndarray:
+    """Code points per row of a string array."""
+    return pc.utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def sentence_ids(normalized: pa.Array | list[str]) -> tuple[pa.Array, np.ndarray]:
+    """Stable ids: the first 64 bits of BLAKE2b of the UTF-8 text, as hex strings and as uint64.
+
+    The hex ids are built as one Arrow buffer (16 ASCII bytes a row), not as Python strings.
+    """
+    if isinstance(normalized, list):
+        normalized = pa.array(normalized, pa.string())
+    blobs = normalized.cast(pa.binary()).to_pylist()
+    digests = b"".join([hashlib.blake2b(b, digest_size=8).digest() for b in blobs])
+    n = len(blobs)
+    keys = np.frombuffer(digests, dtype=">u8").astype(np.uint64)
+    offsets = np.arange(0, 16 * n + 1, 16, dtype=np.int32)
+    ids = pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(digests.hex().encode())]
+    )
+    return ids, keys
 
 
 def sentence_id(text: str) -> str:

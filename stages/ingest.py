@@ -43,7 +43,7 @@ from pipeline.progress import Progress
 from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pipeline.runner import Executor, ShardResult, map_tables
 from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json, open_dataset
-from pipeline.text import ByteStats, normalize, sentence_ids, word_counts
+from pipeline.text import char_counts, normalize, sentence_ids, word_counts
 from pipeline.version import source_hash
 
 log = logging.getLogger("pairforge")
@@ -118,26 +118,32 @@ def clean_shard(
     S.RAW_RECORDS.check_table(table, "raw_records chunk")
     n = table.num_rows
     raw = table[S.RAW].combine_chunks()
-    reason = np.array(table[S.REASON].to_pylist(), dtype=object)
-    detail = np.array(table[S.DETAIL].to_pylist(), dtype=object)
+    # Reasons as codes into REASONS (+1; 0 = kept): vectorised, and cheap for the kept majority.
+    code = np.zeros(n, dtype=np.int8)
+    detail: dict[int, str] = {}
+    if table[S.REASON].null_count < n:  # the reader already rejected some records
+        for i, (why, said) in enumerate(
+            zip(table[S.REASON].to_pylist(), table[S.DETAIL].to_pylist(), strict=True)
+        ):
+            if why is not None:
+                code[i] = _CODE[why]
+                if said is not None:
+                    detail[i] = said
     text, invalid = _decode(raw, replace=invalid_utf8 == "replace")
     norm = normalize(text)
     words = word_counts(norm)
-    chars = ByteStats(norm).chars()
-    has_nul = ByteStats(raw).count(0) > 0
+    chars = char_counts(norm)
 
     def assign(mask: np.ndarray, why: str, why_detail=None) -> None:
         """Give ``why`` to rows in ``mask`` that have no reason yet; details only for those."""
-        todo = np.flatnonzero(mask & (reason == None))  # noqa: E711 - elementwise on objects
-        reason[todo] = why
-        if callable(why_detail):
-            for i in todo:
-                detail[i] = why_detail(i)
-        elif why_detail is not None:
-            detail[todo] = why_detail
+        todo = np.flatnonzero(mask & (code == 0))
+        code[todo] = _CODE[why]
+        for i in todo:
+            if why_detail is not None:
+                detail[int(i)] = why_detail(i) if callable(why_detail) else why_detail
 
     assign(invalid, "invalid_utf8", "bytes that are not UTF-8")
-    assign(has_nul, "nul_byte", "NUL byte in the record")
+    assign(_has_nul(raw, text), "nul_byte", "NUL byte in the record")
     assign(words == 0, "empty")
     assign(words < min_words, "too_short", lambda i: f"{words[i]} words < min_words={min_words}")
     too_long = (words > max_words) | (chars > max_chars)
@@ -146,13 +152,13 @@ def clean_shard(
         "too_long",
         lambda i: f"{words[i]} words, {chars[i]} chars (max {max_words} words, {max_chars} chars)",
     )
-    keep = reason == None  # noqa: E711
+    keep = code == 0
     kept_text = norm.filter(pa.array(keep))
-    ids, keys = sentence_ids(kept_text.to_pylist())
+    ids, keys = sentence_ids(kept_text)
     keep_idx = pa.array(np.flatnonzero(keep))
     clean = pa.table(
         {
-            S.ID: pa.array(ids, pa.string()),
+            S.ID: ids,
             S.KEY: pa.array(keys, pa.uint64()),
             S.TEXT: kept_text,
             S.SOURCE: table[S.SOURCE].take(keep_idx),
@@ -160,20 +166,33 @@ def clean_shard(
         }
     )
     drop_idx = np.flatnonzero(~keep)
+    reasons = np.array(REASONS, dtype=object)[code[drop_idx] - 1]
     rejected = _quarantine_rows(
-        reason[drop_idx],
+        reasons,
         table[S.SOURCE].take(pa.array(drop_idx)),
         table[S.LINE].take(pa.array(drop_idx)),
         text.take(pa.array(drop_idx)),
         table[S.N_BYTES].take(pa.array(drop_idx)),
-        detail[drop_idx],
+        [detail.get(int(i)) for i in drop_idx],
     )
     counts = {"read": n, "kept": int(keep.sum())}
-    for why, count in zip(
-        *np.unique(reason[drop_idx].astype(str), return_counts=True), strict=False
-    ):
+    for why, count in zip(*np.unique(reasons.astype(str), return_counts=True), strict=False):
         counts[f"dropped.{why}"] = int(count)
     return ShardResult({"clean": clean, "rejected": rejected}, counts)
+
+
+_CODE = {why: k + 1 for k, why in enumerate(REASONS)}
+
+
+def _has_nul(raw: pa.Array, text: pa.Array) -> np.ndarray:
+    """Row mask of records holding a NUL byte. A NUL is a control character, so only rows that
+    are not printable ASCII are searched."""
+    suspects = np.flatnonzero(~pc.ascii_is_printable(text).to_numpy(zero_copy_only=False))
+    mask = np.zeros(len(raw), dtype=bool)
+    if len(suspects):
+        found = pc.match_substring(raw.take(pa.array(suspects)), "\x00")
+        mask[suspects[found.to_numpy(zero_copy_only=False)]] = True
+    return mask
 
 
 def _strings(values: list) -> pa.Array:

@@ -84,3 +84,44 @@ def test_map_tables_and_output_mismatch(tmp_path):
         map_tables(
             upper, iter([(0, table)]), {"wrong": other}, LocalExecutor(), "t", progress=False
         )
+
+
+def test_threaded_local_executor_gives_the_sequential_output(tmp_path):
+    source = make_input(tmp_path, shards=7)
+    outputs = {}
+    for threads in (1, 3):
+        out = DatasetWriter(
+            tmp_path / f"out{threads}", S.SENTENCES, stage="t", params={}, fingerprint="f"
+        )
+        executor = LocalExecutor(threads=threads)
+        map_shards(upper, open_dataset(source.path, S.SENTENCES).files, {"out": out}, executor, "t")
+        executor.close()
+        out.finalize(7)
+        outputs[threads] = open_dataset(out.path, S.SENTENCES).read_table()
+    assert outputs[3].equals(outputs[1])
+    assert outputs[3][S.TEXT].to_pylist()[:2] == ["X Y", "Z W"]
+
+
+def test_threaded_local_executor_bounds_in_flight_work_and_raises():
+    executor = LocalExecutor(threads=2)
+    pulled: list[int] = []
+
+    def items():
+        for i in range(20):
+            pulled.append(i)
+            yield i
+
+    results = executor.map_unordered(lambda x: x * x, items())
+    first = next(results)
+    assert first in {0, 1, 4, 9}
+    assert len(pulled) <= 5  # 2 * threads in flight, plus the one that found the window full
+    assert sorted([first, *results]) == [i * i for i in range(20)]
+
+    def boom(x: int) -> int:
+        if x == 3:
+            raise ValueError("bad shard 3")
+        return x
+
+    with pytest.raises(ValueError, match="bad shard 3"):
+        list(executor.map_unordered(boom, range(6)))
+    executor.close()
