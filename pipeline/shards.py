@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,10 @@ PROGRESS = "_progress"
 RUN_FILE = "run.json"
 
 
+# Shards whose Arrow data is at most this size are encoded in memory before they are written.
+IN_MEMORY_SHARD_BYTES = 256 << 20
+
+
 def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
@@ -50,18 +55,25 @@ def sha256_file(path: Path, block: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    ``durable`` fsyncs before the rename (survives power loss); without it the write still
+    survives a killed process, which is all that scratch data needs.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), durable=durable
+    )
 
 
 def canonical_json(obj: Any) -> str:
@@ -100,20 +112,25 @@ def write_shard(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PROGRESS).mkdir(exist_ok=True)
     final = folder / shard_name(index)
-    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
-    pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
-    if durable:
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    if table.nbytes <= IN_MEMORY_SHARD_BYTES:
+        # Encode in memory: the sha256 is taken from the bytes, not from a re-read of the file.
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
+        data = sink.getvalue()
+        atomic_write_bytes(final, data, durable=durable)
+        sha256, size = hashlib.sha256(data).hexdigest(), data.size
+    else:
+        tmp = folder / f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
+        if durable:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        sha256, size = sha256_file(final), final.stat().st_size
     info = ShardInfo(
-        file=final.name,
-        rows=table.num_rows,
-        sha256=sha256_file(final),
-        bytes=final.stat().st_size,
-        counts=dict(counts or {}),
+        file=final.name, rows=table.num_rows, sha256=sha256, bytes=size, counts=dict(counts or {})
     )
-    atomic_write_json(folder / PROGRESS / f"{final.stem}.json", asdict(info))
+    atomic_write_json(folder / PROGRESS / f"{final.stem}.json", asdict(info), durable=durable)
     return info
 
 
