@@ -5,7 +5,10 @@ from __future__ import annotations
 import typer
 
 from pipeline import profiles
-from stages import ingest
+from stages import embed, ingest, mine, pretrain, report, sample
+from stages import backtranslate, rewrite, standin
+from stages import evaluate as evaluate_stage
+from stages import train as train_stage
 
 app = typer.Typer(
     name="pairforge",
@@ -15,6 +18,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command(name="ingest")(ingest.command)
+app.command(name="standin")(standin.command)
+app.command(name="backtranslate")(backtranslate.command)
+app.command(name="rewrite")(rewrite.command)
+app.command(name="pretrain")(pretrain.command)
+app.command(name="embed")(embed.command)
+app.command(name="mine")(mine.command)
+app.command(name="sample")(sample.command)
+app.command(name="report")(report.command)
+app.command(name="export")(sample.export_command)
+app.command(name="train")(train_stage.command)
+app.command(name="evaluate")(evaluate_stage.command)
 app.add_typer(profiles.app, name="profile")
 
 

@@ -97,9 +97,13 @@ def _fields(schema: pa.Schema) -> list[tuple[str, str]]:
 
 
 def check_arrow_schema(found: pa.Schema, spec: SchemaSpec, dataset: str) -> None:
-    """Compare column names and types (order-insensitive); nullability and metadata are ignored."""
-    want = dict(_fields(spec.schema))
-    got = dict(_fields(found))
+    """Compare column names and types (order-insensitive); nullability and metadata are ignored.
+
+    Types compare with Arrow's type equality, which ignores the name of a list's item field:
+    Parquet stores list items as ``element`` and reads them back under that name.
+    """
+    want = {f.name: f.type for f in spec.schema}
+    got = {f.name: f.type for f in found}
     if want == got:
         return
     missing = sorted(set(want) - set(got))
@@ -245,8 +249,115 @@ def embeddings_spec(dim: int, dtype: str = "float32") -> SchemaSpec:
     )
 
 
+# pools (written by `mine`): each anchor's negative candidate pool, ragged
+ROW = "row"  # the anchor's row number in the sentences dataset (0-based, over all shards)
+POOL_ROWS = "pool_rows"
+POOL_IDS = "pool_ids"
+POOL_COS = "pool_cos"
+POOL_RANDOM = "pool_random"
+BAND_LOW = "band_low"
+BAND_HIGH = "band_high"
+WAS_SHORT = "was_short"
+SHORT = "short"
+FALLBACK = "fallback"
+
+POOLS = SchemaSpec(
+    name="pools",
+    version=1,
+    schema=pa.schema(
+        [
+            pa.field(ID, pa.string(), nullable=False),
+            pa.field(ROW, pa.int64(), nullable=False),
+            pa.field(POOL_ROWS, pa.list_(pa.int64()), nullable=False),
+            pa.field(POOL_IDS, pa.list_(pa.string()), nullable=False),
+            pa.field(POOL_COS, pa.list_(pa.float32()), nullable=False),
+            pa.field(POOL_RANDOM, pa.list_(pa.bool_()), nullable=False),
+            pa.field(BAND_LOW, pa.float32(), nullable=False),
+            pa.field(BAND_HIGH, pa.float32(), nullable=False),
+            pa.field(WAS_SHORT, pa.bool_(), nullable=False),
+            pa.field(SHORT, pa.bool_(), nullable=False),
+            pa.field(FALLBACK, pa.string(), nullable=False),
+        ]
+    ),
+    doc=(
+        "DebCSE negative candidate pools, one row per anchor sentence, rows aligned with the "
+        "sentences dataset. `pool_rows`/`pool_ids` are the candidates' rows and ids in the "
+        "sentences dataset, best-ranked first, random fills last (`pool_random`); `pool_cos` their "
+        "cosine to the anchor. `band_low`/`band_high` is the cosine band finally used (widened "
+        "when `fallback` is `widen`); `was_short` says the band held fewer than the minimum pool "
+        "size before the fallback, `short` after it; `fallback` is `none`, `widen` or `random`."
+    ),
+)
+
+# pairs: every score used and where each item came from, beside the training columns
+POSITIVE_IDS = "positive_ids"  # candidate ids of the sampled positives
+POSITIVE_ROUTES = "positive_routes"
+POSITIVE_NOISES = "positive_noises"
+NEGATIVE_IDS = "negative_ids"  # sentence ids of the sampled negatives
+NEGATIVE_RANDOM = "negative_random"
+POSITIVE_TEXT_ID = "positive_text_id"
+VIEW1_ID = "view1_id"
+VIEW2_ID = "view2_id"
+IDENTICAL_SKIPPED = "identical_skipped"
+SCORES = ("cos", "edit", "s_sur", "s_sem", "prob")  # per sampled item: `<side>_<score>`
+POOL_SIZE = "pool_size"  # `<side>_pool_size`
+ENTROPY = "entropy"  # `<side>_entropy`: H(P) / log(pool size)
+
+
+def _pairs_schema() -> pa.Schema:
+    fields = [
+        pa.field(ID, pa.string(), nullable=False),
+        pa.field(TEXT, pa.string(), nullable=False),
+        pa.field(POSITIVE_TEXTS, pa.list_(pa.string()), nullable=False),
+        pa.field(POSITIVE_IDS, pa.list_(pa.string()), nullable=False),
+        pa.field(POSITIVE_ROUTES, pa.list_(pa.string()), nullable=False),
+        pa.field(POSITIVE_NOISES, pa.list_(pa.string()), nullable=False),
+        pa.field(NEGATIVE_TEXTS, pa.list_(pa.string()), nullable=False),
+        pa.field(NEGATIVE_IDS, pa.list_(pa.string()), nullable=False),
+        pa.field(NEGATIVE_RANDOM, pa.list_(pa.bool_()), nullable=False),
+    ]
+    for side in ("positive", "negative"):
+        fields += [pa.field(f"{side}_{s}", pa.list_(pa.float32()), nullable=False) for s in SCORES]
+        fields += [
+            pa.field(f"{side}_{POOL_SIZE}", pa.int32(), nullable=False),
+            pa.field(f"{side}_{ENTROPY}", pa.float32(), nullable=True),
+        ]
+    fields += [
+        pa.field(BAND_LOW, pa.float32(), nullable=False),
+        pa.field(BAND_HIGH, pa.float32(), nullable=False),
+        pa.field(FALLBACK, pa.string(), nullable=False),
+        pa.field(IDENTICAL_SKIPPED, pa.int32(), nullable=False),
+        pa.field(POSITIVE_TEXT, pa.string(), nullable=True),
+        pa.field(POSITIVE_TEXT_ID, pa.string(), nullable=True),
+        pa.field(VIEW1_TEXT, pa.string(), nullable=True),
+        pa.field(VIEW1_ID, pa.string(), nullable=True),
+        pa.field(VIEW2_TEXT, pa.string(), nullable=True),
+        pa.field(VIEW2_ID, pa.string(), nullable=True),
+    ]
+    return pa.schema(fields)
+
+
+PAIRS = SchemaSpec(
+    name="pairs",
+    version=1,
+    schema=_pairs_schema(),
+    doc=(
+        "The training dataset, one row per anchor sentence (`id`, `text`). DebCSE: "
+        "`positive_texts` (augmentations sampled by P_pos, eqs. 5-6) and `negative_texts` "
+        "(corpus sentences sampled by P_neg, eqs. 3-4), in draw order, with their ids, each "
+        "positive's `route` and `noise`, whether a negative was a random fill, and per item "
+        "`<side>_cos`, `<side>_edit` (edit distance to the anchor), `<side>_s_sur`, "
+        "`<side>_s_sem` (eqs. 1-2) and `<side>_prob` (P); per pool `<side>_pool_size` and "
+        "`<side>_entropy` (H(P) / log n, null for an empty pool). `band_low`/`band_high`/"
+        "`fallback` as in `pools`; `identical_skipped` counts candidates equal to the anchor. "
+        "DenoSent: `positive_text` (an en-zh-en back-translation); BSL: `view1_text` (en-de-en) "
+        "and `view2_text` (en-fr-en); null when the route is absent, ids beside them."
+    ),
+)
+
 REGISTRY: dict[str, SchemaSpec] = {
-    spec.name: spec for spec in (SENTENCES, QUARANTINE, RAW_RECORDS, CLEAN_RECORDS, CANDIDATES)
+    spec.name: spec
+    for spec in (SENTENCES, QUARANTINE, RAW_RECORDS, CLEAN_RECORDS, CANDIDATES, POOLS, PAIRS)
 }
 
 

@@ -7,6 +7,16 @@ import importlib
 # stage -> (module, config class). Order is pipeline order.
 STAGES: dict[str, tuple[str, str]] = {
     "ingest": ("stages.ingest", "IngestConfig"),
+    "standin": ("stages.standin", "StandinConfig"),
+    "backtranslate": ("stages.backtranslate", "BacktranslateConfig"),
+    "rewrite": ("stages.rewrite", "RewriteConfig"),
+    "pretrain": ("stages.pretrain", "PretrainConfig"),
+    "embed": ("stages.embed", "EmbedConfig"),
+    "mine": ("stages.mine", "MineConfig"),
+    "sample": ("stages.sample", "SampleConfig"),
+    "report": ("stages.report", "ReportConfig"),
+    "train": ("stages.train", "TrainConfig"),
+    "evaluate": ("stages.evaluate", "EvaluateConfig"),
 }
 
 

@@ -4,7 +4,9 @@ On unit vectors the inner product is the cosine, so search scores are the ``cos(
 DebCSE's band filter and eq. 2 read. Three index kinds:
 
 - ``"flat"``: exact brute force (``IndexFlatIP``). Default up to ``flat_max`` vectors.
-- ``"ivf"``: ``IndexIVFFlat`` with ``nlist`` k-means cells trained on a seeded sample; a query
+- ``"ivf"``: ``IndexIVFFlat`` (or ``IndexIVFScalarQuantizer`` with ``ivf_codec="sq8"``: one byte
+  per component, 4x less memory and about 2x faster scans on CPU, scores off by ~1e-3, which
+  callers can rescore exactly) with ``nlist`` k-means cells trained on a seeded sample; a query
   scans ``nprobe`` cells. Default above ``flat_max`` because it also runs on GPU.
 - ``"hnsw"``: ``IndexHNSWFlat`` graph (CPU only in faiss); no training, slower to build, high recall.
 
@@ -106,13 +108,17 @@ def build_index(
     use_gpu: bool | Literal["auto"] = "auto",
     seed: int = 0,
     norm_tol: float | None = DEFAULT_NORM_TOL,
+    ivf_codec: Literal["flat", "sq8"] = "flat",
+    train_iterations: int = 25,
 ) -> faiss.Index:
     """Build an inner-product index holding ``vectors`` (float32, ``(n, d)``, L2-normalised).
 
     Ids in search results are row numbers of ``vectors``. ``kind="auto"`` is ``"flat"`` up to
     ``flat_max`` rows, else ``"ivf"``. IVF: ``nlist`` defaults to ``4 sqrt(n)`` (at most ``n / 39``),
     ``nprobe`` to ``max(8, nlist / 32)`` capped at ``nlist``, and k-means trains on a seeded sample of
-    ``train_size`` rows (default ``64 * nlist``). HNSW: ``hnsw_m`` links per node, ``ef_construction``
+    ``train_size`` rows (default ``64 * nlist``) for ``train_iterations`` k-means rounds (faiss's
+    default 25; 10 loses little recall and costs 2.5x less), ``ivf_codec`` stores the vectors in
+    full (``flat``) or as 8-bit scalars (``sq8``). HNSW: ``hnsw_m`` links per node, ``ef_construction``
     and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
     :func:`gpu_available`; ``True`` demands it (RuntimeError otherwise; ValueError for HNSW, which
     faiss cannot run on GPU); ``False`` stays on CPU.
@@ -158,9 +164,19 @@ def build_index(
             raise ValueError(
                 f"train_size={train_size} is below nlist={nlist}: k-means needs a point per cell"
             )
+        if ivf_codec not in ("flat", "sq8"):
+            raise ValueError(f"ivf_codec must be 'flat' or 'sq8', got {ivf_codec!r}")
+        if train_iterations < 1:
+            raise ValueError(f"train_iterations must be >= 1, got {train_iterations}")
         quantizer = faiss.IndexFlatIP(d)
-        index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+        if ivf_codec == "sq8":
+            index = faiss.IndexIVFScalarQuantizer(
+                quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+            )
+        else:
+            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
         index.cp.seed = seed
+        index.cp.niter = train_iterations
         rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
         index.train(vectors[rows])
         index.nprobe = min(nprobe, nlist)

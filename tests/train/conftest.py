@@ -70,3 +70,42 @@ def tiny_mlm(_tiny_mlm_once: BertForMaskedLM) -> BertForMaskedLM:
     model = copy.deepcopy(_tiny_mlm_once)
     model.train()
     return model
+
+
+# --- model folders and STS data for the trainer, evaluator and export tests --------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, _tiny_mlm_once, tiny_tokenizer):
+    """The tiny BERT with its MLM head and its tokenizer, saved as a model folder."""
+    folder = tmp_path_factory.mktemp("tiny_bert_mlm")
+    _tiny_mlm_once.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder_dir(tmp_path_factory, _tiny_mlm_once, tiny_tokenizer):
+    """The tiny BERT encoder alone (no MLM head, like a sentence-transformers checkpoint)."""
+    folder = tmp_path_factory.mktemp("tiny_bert_encoder")
+    _tiny_mlm_once.bert.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def sts_dir(tmp_path_factory):
+    """Every STS task in the SentEval layout, with pairs in the tiny tokenizer's vocabulary."""
+    from tests.train.builders import STS_PAIRS, write_sts
+
+    return write_sts(tmp_path_factory.mktemp("sts"), STS_PAIRS)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _one_torch_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine two threads that
+    spin-wait on each other make a step 10-100x slower: the training tests run on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

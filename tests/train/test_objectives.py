@@ -31,6 +31,7 @@ from train.objectives.bsl import (
     mean_pool,
     negative_cosine,
 )
+from train.objectives.cotbert import CoTBERT
 from train.objectives.debcse import DebCSE, DebCSEHead, debcse_loss
 from train.objectives.denosent import (
     DenoSent,
@@ -41,6 +42,7 @@ from train.objectives.denosent import (
     mask_pool,
     mask_positions,
 )
+from train.objectives.infocse import InfoCSE
 from train.objectives.simcse import SimCSE, SimCSEPooler, simcse_loss
 
 R = math.sqrt(2.0)  # cos = 1/√2 divided by τ = 0.5
@@ -460,12 +462,21 @@ def test_bsl_target_changes_only_through_the_ema_update(tiny_mlm, tiny_tokenizer
 
 
 def test_registry_maps_names_to_classes_and_columns():
-    assert {"simcse": SimCSE, "debcse": DebCSE, "denosent": DenoSent, "bsl": BSL} == OBJECTIVES
+    assert {
+        "simcse": SimCSE,
+        "debcse": DebCSE,
+        "denosent": DenoSent,
+        "bsl": BSL,
+        "infocse": InfoCSE,
+        "cotbert": CoTBERT,
+    } == OBJECTIVES
     assert {
         "simcse": [columns.TEXT],
         "debcse": [columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS],
         "denosent": [columns.TEXT, columns.POSITIVE_TEXT],
         "bsl": [columns.VIEW1_TEXT, columns.VIEW2_TEXT],
+        "infocse": [columns.TEXT],
+        "cotbert": [columns.TEXT],
     } == COLUMNS
     assert get_objective("bsl") is BSL
     assert required_columns("debcse") == COLUMNS["debcse"]
@@ -478,8 +489,10 @@ def test_check_columns_names_the_objective_and_the_missing_columns():
     message = str(error.value)
     assert "debcse" in message
     assert columns.POSITIVE_TEXTS in message and columns.NEGATIVE_TEXTS in message
-    with pytest.raises(ValueError, match="known objectives: bsl, debcse, denosent, simcse"):
-        check_columns("infocse", ["text"])
+    with pytest.raises(
+        ValueError, match="known objectives: bsl, cotbert, debcse, denosent, infocse, simcse"
+    ):
+        check_columns("diffcse", ["text"])
 
 
 # --- short training runs on a tiny BERT ---------------------------------------------------------

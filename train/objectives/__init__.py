@@ -11,12 +11,14 @@ from collections.abc import Iterable
 from train.objectives import columns
 from train.objectives.base import Objective, trainable_parameters
 from train.objectives.bsl import BSL
+from train.objectives.cotbert import CoTBERT
 from train.objectives.debcse import DebCSE
 from train.objectives.denosent import DenoSent
+from train.objectives.infocse import InfoCSE
 from train.objectives.simcse import SimCSE
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    objective.name: objective for objective in (SimCSE, DebCSE, DenoSent, BSL)
+    objective.name: objective for objective in (SimCSE, DebCSE, DenoSent, BSL, InfoCSE, CoTBERT)
 }
 
 # Columns each objective reads, by objective name.
@@ -51,9 +53,11 @@ def check_columns(objective: str, available_columns: Iterable[str]) -> None:
 __all__ = [
     "BSL",
     "COLUMNS",
+    "CoTBERT",
     "OBJECTIVES",
     "DebCSE",
     "DenoSent",
+    "InfoCSE",
     "Objective",
     "SimCSE",
     "check_columns",

@@ -13,15 +13,48 @@ decoders, target networks) and is called as ``objective(batch, encoder)``:
 The result is a dict with the scalar ``loss`` to back-propagate and its detached parts for logging.
 The maths lives in plain functions over tensors in each objective's module, so tests call them
 without a model.
+
+What the trainer (``train/loop.py``) reads from an objective class, so that a new objective plugs
+in by subclassing and registering, with no change to the trainer:
+
+- ``columns``: the training-data columns it reads (checked before training starts).
+- ``pooling``: how the *trained encoder* turns a sentence into its vector at evaluation, in the
+  dev evaluation during training and in the exported sentence-transformers model: one of
+  ``pipeline.models.POOLINGS`` (``cls``, ``cls_before_pooler``, ``mean``, ``mask``). Training-only
+  heads (projectors, MLPs, BatchNorm, predictors) are never part of it.
+- ``prompt``: for ``mask`` pooling, the template (``[X]`` = the sentence, ``[MASK]`` = the mask
+  token) whose last [MASK] state is the sentence vector; ``None`` otherwise. An instance may set
+  its own (e.g. from a constructor argument).
+- ``sample_one``: list-valued columns of which the collator passes *one* item per row, drawn at
+  random (seeded by step), shaped ``(batch_size, seq_len)``; other list columns are passed whole,
+  ``(batch_size, n, seq_len)``, rows with fewer items cycling their own.
+- :meth:`Objective.tokenize`: how the texts of one column become encoder inputs; the default
+  applies ``prompt`` when there is one (sentence truncated to ``max_length`` tokens, then
+  wrapped) and plain truncation to ``max_length`` otherwise. Override it for per-column templates.
+- :meth:`Objective.build`: construction from a :class:`BuildContext`. The default fills each
+  constructor argument from the ``options`` params first, then by name from the context:
+  ``hidden_size``, ``encoder`` (the online encoder), ``tokenizer``, ``config`` (the encoder's
+  Hugging Face config), ``mask_token_id``, ``pad_token_id``, ``vocab_size`` and ``output_head`` /
+  ``mlm_head`` (the pretrained MLM head; asking for it makes the trainer load the masked-LM
+  variant of the model: :meth:`Objective.wants_mlm_head`). An option that names no constructor
+  argument is a ConfigError that lists the allowed ones.
+- :meth:`Objective.after_optimizer_step`: called after every optimiser step (BSL's EMA).
+
+State that must survive a resume (target networks, running statistics) lives in the module's
+``state_dict``, which the trainer checkpoints with the encoder.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+from train.objectives.prompts import build_prompt_inputs
 
 Features = Mapping[str, torch.Tensor]
 Batch = Mapping[str, Features]
@@ -30,6 +63,36 @@ Encoder = Callable[..., Any]
 # Keys of a column's features that are passed on to the encoder; anything else a collator adds
 # (offsets, lengths) stays out of the encoder call.
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+# Constructor argument names through which an objective asks for the pretrained MLM head.
+MLM_HEAD_ARGUMENTS = frozenset({"output_head", "mlm_head"})
+
+
+@dataclass
+class BuildContext:
+    """What the trainer offers an objective's constructor (see :meth:`Objective.build`).
+
+    ``mlm_head`` is the masked-LM head of the pretrained model (``BertForMaskedLM.cls``), or
+    ``None`` when the objective did not ask for it.
+    """
+
+    encoder: Any
+    tokenizer: Any
+    mlm_head: Any = None
+
+    def arguments(self) -> dict[str, Any]:
+        config = self.encoder.config
+        provided = {
+            "encoder": self.encoder,
+            "tokenizer": self.tokenizer,
+            "config": config,
+            "hidden_size": int(config.hidden_size),
+            "vocab_size": int(config.vocab_size),
+            "mask_token_id": self.tokenizer.mask_token_id,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if self.mlm_head is not None:
+            provided.update(output_head=self.mlm_head, mlm_head=self.mlm_head)
+        return provided
 
 
 class Objective(nn.Module):
@@ -37,9 +100,61 @@ class Objective(nn.Module):
 
     name: ClassVar[str]
     columns: ClassVar[tuple[str, ...]]
+    pooling: str = "cls_before_pooler"
+    prompt: str | None = None
+    sample_one: ClassVar[tuple[str, ...]] = ()
 
     def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    def tokenize(
+        self, tokenizer: Any, column: str, texts: Sequence[str], max_length: int
+    ) -> dict[str, torch.Tensor]:
+        """Encoder inputs for the ``texts`` of ``column``, ``(len(texts), seq_len)`` tensors."""
+        if self.prompt is not None:
+            return dict(build_prompt_inputs(tokenizer, texts, self.prompt, max_length))
+        return dict(
+            tokenizer(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+        )
+
+    @classmethod
+    def wants_mlm_head(cls) -> bool:
+        """True when the constructor takes the pretrained MLM head (``output_head``/``mlm_head``)."""
+        return bool(set(inspect.signature(cls.__init__).parameters) & MLM_HEAD_ARGUMENTS)
+
+    @classmethod
+    def build(cls, context: BuildContext, options: Mapping[str, Any]) -> Objective:
+        """The objective for ``context``, constructor arguments from ``options`` then the context.
+
+        Raises ValueError naming the objective and the allowed options for an option that is not
+        a constructor argument, or for a required argument that neither provides.
+        """
+        parameters = dict(inspect.signature(cls.__init__).parameters)
+        parameters.pop("self", None)
+        provided = context.arguments()
+        unknown = sorted(set(options) - set(parameters))
+        allowed = sorted(set(parameters) - set(provided))
+        if unknown:
+            raise ValueError(
+                f"objective {cls.name!r}: unknown option(s) {unknown}; allowed options: {allowed}"
+            )
+        kwargs: dict[str, Any] = {}
+        for name, parameter in parameters.items():
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                continue
+            if name in options:
+                kwargs[name] = options[name]
+            elif name in provided:
+                kwargs[name] = provided[name]
+            elif parameter.default is inspect.Parameter.empty:
+                raise ValueError(f"objective {cls.name!r}: option {name!r} is required")
+        return cls(**kwargs)
 
     def after_optimizer_step(self, encoder: Encoder) -> None:
         """Hook for the trainer to call after every optimiser step (BSL's EMA update)."""

@@ -111,6 +111,7 @@ class BSL(Objective):
 
     name = "bsl"
     columns = (columns.VIEW1_TEXT, columns.VIEW2_TEXT)
+    pooling = "mean"  # the online encoder, mean pooled, is the one kept for inference
 
     def __init__(
         self,

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train.distributed import gather_with_grad, row_offset
 from train.objectives import columns
 from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 
@@ -60,10 +61,14 @@ def _debias_info_nce(
     """
     q = F.normalize(query, dim=-1)  # (batch_size, dim)
     positive = (q * F.normalize(target, dim=-1)).sum(-1) / temperature  # (batch_size,)
-    in_batch_logits = q @ F.normalize(in_batch, dim=-1).T / temperature  # (batch_size, batch_size)
+    # Under data parallelism the in-batch candidates are every rank's rows.
+    candidates = F.normalize(gather_with_grad(in_batch), dim=-1)  # (world_size * batch_size, dim)
+    in_batch_logits = q @ candidates.T / temperature  # (batch_size, world_size * batch_size)
     # Row i's own pair is the positive and is scored above (possibly in another space), so the
     # diagonal leaves the in-batch negatives.
-    own_pair = torch.eye(q.shape[0], dtype=torch.bool, device=q.device)
+    rows = torch.arange(q.shape[0], device=q.device)
+    own_pair = torch.zeros_like(in_batch_logits, dtype=torch.bool)
+    own_pair[rows, rows + row_offset(q.shape[0])] = True
     logits = [in_batch_logits.masked_fill(own_pair, float("-inf"))]
     if hard is not None and hard.shape[1] > 0:
         hard_logits = torch.einsum("bd,bmd->bm", q, F.normalize(hard, dim=-1)) / temperature
@@ -143,7 +148,10 @@ class DebCSE(Objective):
     """
 
     name = "debcse"
+    # One of the anchor's sampled positives per row and step; all its hard negatives.
+    sample_one = (columns.POSITIVE_TEXTS,)
     columns = (columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS)
+    pooling = "cls_before_pooler"
 
     def __init__(
         self,

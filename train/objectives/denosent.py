@@ -28,59 +28,22 @@ temperature and loss weights interact, so they are taken as one set rather than 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from train.objectives import columns
 from train.objectives.base import Batch, Encoder, Objective, run_encoder
+from train.objectives.prompts import (  # noqa: F401 - re-exported for callers of this module
+    MASK_SLOT,
+    SENTENCE_SLOT,
+    build_prompt_inputs,
+    check_template,
+    truncate_sentences,
+)
 from train.objectives.simcse import simcse_loss
 
 PROMPT_TEMPLATE = '"[X]" means [MASK].'
-SENTENCE_SLOT = "[X]"
-MASK_SLOT = "[MASK]"
-
-
-def truncate_sentences(tokenizer: Any, sentences: Sequence[str], max_tokens: int) -> list[str]:
-    """Cut each sentence after its first ``max_tokens`` tokens (special tokens not counted).
-
-    The cut is made in the original string at the end offset of the last kept token, so casing
-    and spacing survive; this needs a fast (Rust-backed) tokenizer for the offsets.
-    """
-    encoded = tokenizer(
-        list(sentences), add_special_tokens=False, return_offsets_mapping=True, truncation=False
-    )
-    truncated = []
-    for sentence, offsets in zip(sentences, encoded["offset_mapping"], strict=True):
-        if len(offsets) <= max_tokens:
-            truncated.append(sentence)
-        else:
-            truncated.append(sentence[: offsets[max_tokens - 1][1]])
-    return truncated
-
-
-def build_prompt_inputs(
-    tokenizer: Any,
-    sentences: Sequence[str],
-    template: str = PROMPT_TEMPLATE,
-    max_sentence_tokens: int = 32,
-) -> Any:
-    """Tokenizer output for ``sentences`` wrapped in the prompt, padded to the longest row.
-
-    Each sentence is first truncated to ``max_sentence_tokens`` tokens, then put in the template's
-    ``[X]``; the template's ``[MASK]`` becomes the tokenizer's mask token. Returns the tokenizer's
-    ``BatchEncoding`` of ``(batch_size, seq_len)`` tensors.
-    """
-    if SENTENCE_SLOT not in template or MASK_SLOT not in template:
-        raise ValueError(f"prompt template needs {SENTENCE_SLOT} and {MASK_SLOT}: {template!r}")
-    texts = [
-        template.replace(MASK_SLOT, tokenizer.mask_token).replace(SENTENCE_SLOT, sentence)
-        for sentence in truncate_sentences(tokenizer, sentences, max_sentence_tokens)
-    ]
-    return tokenizer(texts, padding=True, return_tensors="pt")
 
 
 def mask_positions(input_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:
@@ -213,6 +176,7 @@ class DenoSent(Objective):
 
     name = "denosent"
     columns = (columns.TEXT, columns.POSITIVE_TEXT)
+    pooling = "mask"  # the [MASK] state, without the training-only projector
 
     def __init__(
         self,
@@ -229,10 +193,13 @@ class DenoSent(Objective):
         temperature: float = 0.05,
         contrastive_weight: float = 5.0,
         denoising_weight: float = 7.0,
+        template: str = PROMPT_TEMPLATE,
     ) -> None:
         super().__init__()
         if contrastive_weight == 0 and denoising_weight == 0:
             raise ValueError("DenoSent needs a non-zero contrastive or denoising weight")
+        check_template(template)
+        self.prompt = template
         self.projector = nn.Linear(hidden_size, hidden_size)
         self.decoder = DenoSentDecoder(
             hidden_size,

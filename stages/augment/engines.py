@@ -1,0 +1,449 @@
+"""Translation engines behind one interface, and where their models come from.
+
+``Translator`` is what the per-shard function sees: ``encode`` turns texts into source token ids
+(the model's own tokenizer, truncated), ``translate`` turns one batch of ids into ``n`` output
+texts per input under a ``Decoding``. Two engines implement it:
+
+- ``transformers``: ``AutoModelForSeq2SeqLM.generate`` (MarianMTModel for Opus-MT) on CPU or GPU,
+  in float32, bfloat16 or float16;
+- ``ctranslate2``: the same model converted once with CTranslate2's ``TransformersConverter``
+  and kept under ``models_dir`` keyed by model, revision and quantization; int8 (or float32,
+  int8_float32) on CPU, float16, int8_float16 (or bfloat16, int8_bfloat16, float32) on GPU.
+
+Both tokenise and detokenise with the model's Hugging Face tokenizer and stop at ``max_new``
+output tokens; the transformers engine suppresses the pad token (Marian's decoder start token,
+which CTranslate2's conversion removes from the vocabulary), so a float32 CTranslate2 model and
+the transformers model give the same greedy output.
+
+A model is named by a spec (hub id, local folder or ``package:``; see ``pipeline.models``). Its
+``revision`` is the hub commit of the snapshot used, or ``sha256:<16 hex>`` of a local folder's
+files, so that caches and conversions follow the weights, not the name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pipeline.errors import ConfigError
+from pipeline.models import hub_kwargs, resolve_model
+from stages.augment.decoding import Decoding
+
+log = logging.getLogger("pairforge")
+
+Engine = Literal["transformers", "ctranslate2"]
+ENGINES: tuple[str, ...] = ("transformers", "ctranslate2")
+COMPUTE_TYPES = {
+    ("transformers", "cpu"): ("float32", "bfloat16"),
+    ("transformers", "cuda"): ("float16", "bfloat16", "float32"),
+    ("ctranslate2", "cpu"): ("int8", "int8_float32", "float32"),
+    ("ctranslate2", "cuda"): ("float16", "int8_float16", "bfloat16", "int8_bfloat16", "float32"),
+}
+STANDIN_FILE = "pairforge-standin.json"
+
+
+# --- models -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A translation model resolved to files: ``spec`` as written in params, ``path`` to load
+    from, ``revision`` (hub commit or content hash) and the stand-in note when it is one."""
+
+    spec: str
+    path: str
+    revision: str
+    local: bool
+    standin: dict | None = field(default=None, compare=False)
+
+    @property
+    def cache_name(self) -> str:
+        """Identity in cache keys: a local folder by content, a hub model by id and commit."""
+        return f"local@{self.revision}" if self.local else f"{self.spec}@{self.revision}"
+
+
+@functools.lru_cache(maxsize=64)
+def _folder_hash(path: str, stamp: tuple) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
+        rel = file.relative_to(path)
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        digest.update(str(rel).encode() + b"\0")
+        with open(file, "rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def folder_revision(path: str | Path) -> str:
+    """Content hash of a model folder (recomputed only when a file's size or mtime changed)."""
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file())
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    return _folder_hash(str(path), stamp)
+
+
+def resolve_translation_model(spec: str, revision: str | None = None) -> ModelRef:
+    """Find the files of a Marian model spec; a ConfigError names the spec when they are not
+    there (offline with an empty hub cache, a missing folder, a folder without config.json)."""
+    where = resolve_model(spec)
+    if Path(where).is_dir():
+        if revision:
+            raise ConfigError(f"model {spec!r}: a revision applies to hub ids, not local folders")
+        if not (Path(where) / "config.json").exists():
+            raise ConfigError(f"model {spec!r}: {where!r} has no config.json")
+        standin_file = Path(where) / STANDIN_FILE
+        standin = json.loads(standin_file.read_text()) if standin_file.exists() else None
+        return ModelRef(spec, where, folder_revision(where), local=True, standin=standin)
+    from huggingface_hub import snapshot_download
+
+    try:
+        path = snapshot_download(
+            repo_id=where,
+            revision=revision,
+            local_files_only=bool(hub_kwargs().get("local_files_only")),
+            allow_patterns=["*.json", "*.spm", "*.model", "*.txt", "*.safetensors", "*.bin"],
+        )
+    except Exception as exc:  # hub errors come in many classes; all mean "not available"
+        offline = (
+            " (HF_HUB_OFFLINE is set: only the local hub cache is searched)" if hub_kwargs() else ""
+        )
+        raise ConfigError(
+            f"model {spec!r} (revision {revision or 'main'}) could not be found{offline}: "
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    return ModelRef(spec, str(path), Path(path).name, local=False)
+
+
+# --- engine settings --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    engine: str
+    device: str
+    compute_type: str
+    threads: int
+    models_dir: str
+
+    def identity(self) -> dict[str, str]:
+        """What of the engine changes outputs (device does not: same weights, same maths)."""
+        return {"engine": self.engine, "compute_type": self.compute_type}
+
+
+def _cuda_available(engine: str) -> bool:
+    if engine == "ctranslate2":
+        import ctranslate2
+
+        return ctranslate2.get_cuda_device_count() > 0
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_settings(
+    engine: str, device: str, compute_type: str, threads: int, models_dir: str
+) -> EngineSettings:
+    """Validate and resolve ``auto`` device and compute type: CPU int8 / GPU int8_float16 for
+    CTranslate2, CPU float32 / GPU float16 for transformers."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r}: allowed values: {', '.join(ENGINES)}")
+    if device == "auto":
+        device = "cuda" if _cuda_available(engine) else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"device {device!r}: allowed values: auto, cpu, cuda")
+    allowed = COMPUTE_TYPES[(engine, device)]
+    if compute_type == "auto":
+        compute_type = {
+            ("transformers", "cpu"): "float32",
+            ("transformers", "cuda"): "float16",
+            ("ctranslate2", "cpu"): "int8",
+            ("ctranslate2", "cuda"): "int8_float16",
+        }[(engine, device)]
+    if compute_type not in allowed:
+        raise ConfigError(
+            f"compute_type {compute_type!r} is not available for {engine} on {device}; "
+            f"allowed values: auto, {', '.join(allowed)}"
+        )
+    if threads <= 0:
+        threads = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+    return EngineSettings(engine, device, compute_type, threads, models_dir)
+
+
+# --- the interface ----------------------------------------------------------------------------
+
+
+class Translator(Protocol):
+    """One loaded translation model."""
+
+    ref: ModelRef
+    settings: EngineSettings
+
+    def encode(self, texts: list[str], max_tokens: int) -> list[list[int]]:
+        """Source token ids per text (end-of-sentence included), truncated to ``max_tokens``."""
+        ...
+
+    def translate(
+        self, batch: list[list[int]], decoding: Decoding, max_new: int, min_new: int, seed: int
+    ) -> list[list[str]]:
+        """``decoding.n`` output texts per input of ``batch``. ``seed`` makes sampling
+        reproducible for this batch."""
+        ...
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        # MarianTokenizer recommends sacremoses for punctuation normalisation it does not need.
+        warnings.filterwarnings("ignore", message=".*sacremoses.*")
+        return AutoTokenizer.from_pretrained(path, **hub_kwargs())
+
+
+class _MarianText:
+    """Tokenisation shared by both engines, so that their inputs and outputs match exactly."""
+
+    def __init__(self, ref: ModelRef, settings: EngineSettings) -> None:
+        self.ref = ref
+        self.settings = settings
+        self.tokenizer = _load_tokenizer(ref.path)
+        self.pad_id = self.tokenizer.pad_token_id
+        from transformers import AutoConfig
+
+        # Positions the model has embeddings for bound both the source and the output length.
+        config = AutoConfig.from_pretrained(ref.path, **hub_kwargs())
+        self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 1 << 20)
+
+    def encode(self, texts: list[str], max_tokens: int) -> list[list[int]]:
+        if not texts:
+            return []
+        limit = min(max_tokens, self.max_positions)
+        return self.tokenizer(list(texts), truncation=True, max_length=limit)["input_ids"]
+
+    def output_bounds(self, max_new: int, min_new: int) -> tuple[int, int]:
+        """``(max_new, min_new)`` within the model's positions (the start token takes one)."""
+        top = max(1, min(max_new, self.max_positions - 1))
+        return top, min(min_new, top)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [t.strip() for t in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+class TransformersTranslator(_MarianText):
+    def __init__(self, ref: ModelRef, settings: EngineSettings) -> None:
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+
+        super().__init__(ref, settings)
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if settings.device == "cpu":
+            torch.set_num_threads(settings.threads)
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained(
+                ref.path, dtype=dtype[settings.compute_type], **hub_kwargs()
+            )
+        except OSError as exc:
+            raise ConfigError(f"model {ref.spec!r} could not be loaded: {exc}") from None
+        self.model = model.to(settings.device).eval()
+        self.config = self.model.config
+        from transformers import GenerationConfig
+
+        # generate() fills unset fields from the model's shipped generation config; keep only
+        # the special tokens there, so that nothing (Opus-MT: num_beams=4, max_length=512,
+        # forced_eos_token_id) leaks into a decoding the params did not ask for. CTranslate2
+        # forces no end token either: both engines then cut an unfinished output alike.
+        self.model.generation_config = GenerationConfig(
+            decoder_start_token_id=self.config.decoder_start_token_id,
+            eos_token_id=self.config.eos_token_id,
+            pad_token_id=self.pad_id,
+        )
+
+    def translate(
+        self, batch: list[list[int]], decoding: Decoding, max_new: int, min_new: int, seed: int
+    ) -> list[list[str]]:
+        import torch
+        from transformers import GenerationConfig
+
+        if not batch:
+            return []
+        max_new, min_new = self.output_bounds(max_new, min_new)
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention[row, : len(ids)] = 1
+        config = GenerationConfig(
+            decoder_start_token_id=self.config.decoder_start_token_id,
+            eos_token_id=self.config.eos_token_id,
+            pad_token_id=self.pad_id,
+            suppress_tokens=[self.pad_id],
+            max_new_tokens=max_new,
+            min_new_tokens=min_new or None,
+            do_sample=decoding.strategy == "sample",
+            num_beams=decoding.beams if decoding.strategy == "beam" else 1,
+            num_return_sequences=decoding.n,
+            top_k=decoding.top_k if decoding.strategy == "sample" else None,
+            top_p=decoding.top_p if decoding.strategy == "sample" else None,
+            temperature=decoding.temperature if decoding.strategy == "sample" else None,
+            early_stopping=decoding.strategy == "beam",
+        )
+        device = self.settings.device
+        fork = torch.random.fork_rng(
+            devices=[torch.cuda.current_device()] if device == "cuda" else []
+        )
+        with fork, torch.inference_mode(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning)
+            torch.manual_seed(seed)
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                generation_config=config,
+            )
+        texts = self.decode(out.cpu().tolist())
+        n = decoding.n
+        return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
+
+
+def _quantization_dir(ref: ModelRef, quantization: str, models_dir: str) -> Path:
+    stem = ref.spec.replace("package:", "").strip("/").replace("/", "--").replace(".", "_")[-60:]
+    rev = ref.revision.replace("sha256:", "")[:16]
+    return Path(models_dir) / f"{stem}-{rev}-{quantization}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def convert_ctranslate2(ref: ModelRef, quantization: str, models_dir: str) -> tuple[Path, bool]:
+    """The CTranslate2 conversion of ``ref`` at ``quantization``: ``(folder, converted now)``.
+
+    Converted once per (model, revision, quantization) and reused by every later run; a lock
+    keeps concurrent workers from converting twice, and the folder appears only when complete.
+    """
+    from ctranslate2.converters import TransformersConverter
+
+    target = _quantization_dir(ref, quantization, models_dir)
+    if (target / "model.bin").exists():
+        return target, False
+    with _file_lock(target.with_name(f".{target.name}.lock")):
+        if (target / "model.bin").exists():
+            return target, False
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.info("backtranslate: converting %s to CTranslate2 (%s)", ref.spec, quantization)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                TransformersConverter(ref.path, low_cpu_mem_usage=True).convert(
+                    str(tmp), quantization=quantization, force=True
+                )
+        except Exception as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ConfigError(
+                f"model {ref.spec!r}: CTranslate2 conversion failed: {type(exc).__name__}: {exc}"
+            ) from None
+        (tmp / "pairforge-source.json").write_text(
+            json.dumps({"spec": ref.spec, "revision": ref.revision, "quantization": quantization})
+        )
+        os.replace(tmp, target)
+    return target, True
+
+
+class CTranslate2Translator(_MarianText):
+    def __init__(self, ref: ModelRef, settings: EngineSettings) -> None:
+        import ctranslate2
+
+        super().__init__(ref, settings)
+        folder, _ = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
+        self.translator = ctranslate2.Translator(
+            str(folder),
+            device=settings.device,
+            compute_type=settings.compute_type,
+            intra_threads=settings.threads if settings.device == "cpu" else 0,
+            inter_threads=1,
+        )
+
+    def translate(
+        self, batch: list[list[int]], decoding: Decoding, max_new: int, min_new: int, seed: int
+    ) -> list[list[str]]:
+        import ctranslate2
+
+        if not batch:
+            return []
+        max_new, min_new = self.output_bounds(max_new, min_new)
+        tokens = [self.tokenizer.convert_ids_to_tokens(ids) for ids in batch]
+        options: dict[str, Any] = {
+            "max_decoding_length": max_new,
+            "min_decoding_length": min_new,
+            "num_hypotheses": decoding.n,
+        }
+        if decoding.strategy == "greedy":
+            options.update(beam_size=1, sampling_topk=1)
+        elif decoding.strategy == "beam":
+            options.update(beam_size=decoding.beams)
+        else:
+            # Best effort: CTranslate2's sampling does not follow this seed in its worker threads
+            # (CTranslate2 issue #1757), so its samples differ run to run; the cache keeps the
+            # samples of every finished batch, so a rerun or a resumed shard still reuses them.
+            ctranslate2.set_random_seed(seed)
+            options.update(
+                beam_size=1,
+                sampling_topk=decoding.top_k,
+                sampling_topp=decoding.top_p,
+                sampling_temperature=decoding.temperature,
+            )
+        results = self.translator.translate_batch(tokens, **options)
+        out = []
+        for result in results:
+            hyps = [self.tokenizer.convert_tokens_to_ids(h) for h in result.hypotheses]
+            out.append(self.decode(hyps))
+        return out
+
+
+@functools.lru_cache(maxsize=16)
+def load_translator(ref: ModelRef, settings: EngineSettings) -> Translator:
+    """A loaded translator, once per process for each (model, engine settings)."""
+    cls = CTranslate2Translator if settings.engine == "ctranslate2" else TransformersTranslator
+    return cls(ref, settings)
+
+
+class TranslatorPool:
+    """The translators a shard needs, by model spec; picklable (models load in each process)."""
+
+    def __init__(self, refs: dict[str, ModelRef], settings: EngineSettings) -> None:
+        self.refs = dict(refs)
+        self.settings = settings
+        self._loaded: dict[str, Translator] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"refs": self.refs, "settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["refs"], state["settings"])
+
+    def get(self, spec: str) -> Translator:
+        if spec not in self._loaded:
+            self._loaded[spec] = load_translator(self.refs[spec], self.settings)
+        return self._loaded[spec]

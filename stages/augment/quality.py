@@ -1,0 +1,37 @@
+"""Cheap quality signals of a candidate against its source sentence (scores, not decisions).
+
+- ``identical``: equal to the source after whitespace normalisation (a round trip that returned
+  its input is not a useful positive; downstream sampling drops or down-weights it);
+- ``length_ratio``: candidate characters / source characters;
+- ``edit_ratio``: normalised character Indel distance (insertions + deletions over the summed
+  lengths), in [0, 1]; 0 for equal strings, 1 for strings without a common character.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from rapidfuzz.distance import Indel
+from rapidfuzz.process import cpdist
+
+
+def normalize_ws(text: str) -> str:
+    """Whitespace runs collapsed to one space, ends stripped."""
+    return " ".join(text.split())
+
+
+def quality_signals(
+    sources: list[str], candidates: list[str]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(identical bool, length_ratio float32, edit_ratio float32)``, one entry per pair."""
+    if len(sources) != len(candidates):
+        raise ValueError(f"{len(sources)} sources but {len(candidates)} candidates")
+    if not sources:
+        return np.zeros(0, bool), np.zeros(0, np.float32), np.zeros(0, np.float32)
+    src = [normalize_ws(s) for s in sources]
+    cand = [normalize_ws(c) for c in candidates]
+    identical = np.fromiter((a == b for a, b in zip(src, cand, strict=True)), bool, len(src))
+    src_len = np.fromiter((len(s) for s in sources), np.float64, len(sources))
+    cand_len = np.fromiter((len(c) for c in candidates), np.float64, len(candidates))
+    length_ratio = (cand_len / np.maximum(src_len, 1.0)).astype(np.float32)
+    edit_ratio = cpdist(sources, candidates, scorer=Indel.normalized_distance, workers=1)
+    return identical, length_ratio, np.asarray(edit_ratio, dtype=np.float32)

@@ -1,0 +1,472 @@
+"""backtranslate: sentences -> positive candidates by round-trip translation (DenoSent, DebCSE, BSL).
+
+For every route in params (``en-zh-en`` for DenoSent and DebCSE, ``en-de-en`` and ``en-fr-en``
+for BSL) each sentence goes to the pivot language and back with Opus-MT (any Marian model by hub
+id or local folder), on the transformers or the CTranslate2 engine. DebCSE's noise (insert
+frequent words, mask words) makes several distinct inputs per sentence; every backward decoding
+(greedy, beam, sampling with n candidates) reuses the one forward pass. The work per sentence
+shard is ``stages.augment.translate.backtranslate_shard``; this module reads params, resolves
+and converts models, maps that function over the sentence shards (resumable at shard
+granularity; a persistent cache makes finished batches of a killed shard free on resume),
+writes the ``candidates`` dataset and metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pyarrow.compute as pc
+import typer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pipeline import schemas as S
+from pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    WorkersOpt,
+    cli_errors,
+    executor,
+)
+from pipeline.config import StageConfig, stage_config
+from pipeline.errors import ConfigError, DataIntegrityError
+from pipeline.runner import Executor, map_shards
+from pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
+from pipeline.version import source_hash
+from stages.augment.cache import KeyValueCache, MemoryCache
+from stages.augment.decoding import GREEDY, Decoding, Lengths
+from stages.augment.engines import (
+    ModelRef,
+    TranslatorPool,
+    convert_ctranslate2,
+    engine_settings,
+    resolve_translation_model,
+)
+from stages.augment.noise import KINDS, NoiseSettings, frequent_words
+from stages.augment.translate import Batching, RoutePlan, backtranslate_shard
+
+log = logging.getLogger("pairforge")
+
+STAGE = "backtranslate"
+PASS_COUNTS = ("requested", "dedup_saved", "cache_hits", "translated")
+
+
+class RouteConfig(BaseModel):
+    """One round trip: source -> pivot with ``forward``, pivot -> source with ``backward``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)+$", description="e.g. en-zh-en")
+    forward: str = Field(description="model spec (hub id, local folder, package:) source->pivot")
+    backward: str = Field(description="model spec pivot->source")
+    forward_revision: str | None = Field(None, description="hub revision (branch, tag, commit)")
+    backward_revision: str | None = None
+    pivot_decoding: Decoding = Field(GREEDY, description="decoding of the forward leg (n = 1)")
+    decodings: list[Decoding] = Field(
+        default_factory=lambda: [GREEDY], min_length=1, description="backward decodings"
+    )
+    noise: bool = Field(False, description="add DebCSE noised copies (section `noise`) as inputs")
+
+    @model_validator(mode="after")
+    def _pivot_single(self) -> RouteConfig:
+        if self.pivot_decoding.n != 1:
+            raise ValueError("pivot_decoding must return one pivot per input (n = 1)")
+        labels = [d.label() for d in self.decodings]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"route {self.name}: two decodings have the same label {labels}")
+        return self
+
+
+class NoiseConfig(BaseModel):
+    """DebCSE's discrete noise for routes with ``noise: true``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    copies: int = Field(2, ge=0, description="noised copies per sentence besides the clean one")
+    kinds: list[Literal["insert", "mask"]] = Field(
+        default_factory=lambda: list(KINDS), min_length=1
+    )
+    min_words: int = Field(1, ge=1)
+    max_words: int = Field(2, ge=1)
+    vocabulary: list[str] = Field(
+        default_factory=list, description="words to insert; empty: the corpus's top_words"
+    )
+    top_words: int = Field(100, ge=1, description="size of the frequent-word list when computed")
+    mask_token: str = Field("<unk>", min_length=1, description="replaces a masked word")
+
+    @model_validator(mode="after")
+    def _order(self) -> NoiseConfig:
+        if self.min_words > self.max_words:
+            raise ValueError(
+                f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})"
+            )
+        return self
+
+
+def _default_routes() -> list[RouteConfig]:
+    return [
+        RouteConfig(
+            name="en-zh-en",
+            forward="Helsinki-NLP/opus-mt-en-zh",
+            backward="Helsinki-NLP/opus-mt-zh-en",
+            noise=True,
+        )
+    ]
+
+
+class BacktranslateConfig(StageConfig):
+    """The ``backtranslate`` section of params.yaml."""
+
+    input: str = Field("data/sentences", description="sentences dataset")
+    output: str = "data/candidates"
+    metrics: str = "metrics/backtranslate.json"
+    plot: str = Field("plots/backtranslate_edit_ratio.png", description="edit-ratio histogram PNG")
+    cache: str | None = Field(
+        ".cache/pairforge/translations.sqlite",
+        description="persistent translation cache (SQLite); null: none",
+    )
+    models_dir: str = Field(".cache/pairforge/ctranslate2", description="CTranslate2 conversions")
+    engine: Literal["ctranslate2", "transformers"] = "ctranslate2"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compute_type: str = Field(
+        "auto", description="auto: int8 (CPU) / int8_float16 (GPU) for ctranslate2"
+    )
+    threads: int = Field(0, ge=0, description="CPU threads; 0: every core this process may use")
+    max_batch_tokens: int = Field(4096, ge=1, description="padded source tokens per batch")
+    max_batch_sentences: int = Field(64, ge=1)
+    max_input_tokens: int = Field(256, ge=2, description="longer sources are truncated")
+    max_length: int = Field(256, ge=1, description="output tokens at most")
+    max_length_ratio: float | None = Field(2.0, gt=0, description="output <= ratio x source + 8")
+    min_length: int = Field(0, ge=0, description="output tokens at least (0: free)")
+    seed: int = 0
+    routes: list[RouteConfig] = Field(default_factory=_default_routes, min_length=1)
+    noise: NoiseConfig = Field(default_factory=NoiseConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> BacktranslateConfig:
+        names = [r.name for r in self.routes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"route names must be unique, got {names}")
+        Lengths(**self._length_fields())  # min_length <= max_length
+        return self
+
+    def _length_fields(self) -> dict:
+        return {
+            "max_input_tokens": self.max_input_tokens,
+            "max_length": self.max_length,
+            "max_length_ratio": self.max_length_ratio,
+            "min_length": self.min_length,
+        }
+
+    def lengths(self) -> Lengths:
+        return Lengths(**self._length_fields())
+
+
+def _model_key(spec: str, revision: str | None) -> str:
+    return f"{spec}@{revision}" if revision else spec
+
+
+def resolve_models(cfg: BacktranslateConfig) -> dict[str, ModelRef]:
+    """Every model the routes name, resolved to files (ConfigError when one is missing)."""
+    refs: dict[str, ModelRef] = {}
+    for route in cfg.routes:
+        for spec, revision in (
+            (route.forward, route.forward_revision),
+            (route.backward, route.backward_revision),
+        ):
+            key = _model_key(spec, revision)
+            if key not in refs:
+                refs[key] = resolve_translation_model(spec, revision)
+    return refs
+
+
+def route_plans(cfg: BacktranslateConfig) -> tuple[RoutePlan, ...]:
+    return tuple(
+        RoutePlan(
+            name=r.name,
+            forward=_model_key(r.forward, r.forward_revision),
+            backward=_model_key(r.backward, r.backward_revision),
+            pivot_decoding=r.pivot_decoding,
+            decodings=tuple(r.decodings),
+            noise=r.noise,
+        )
+        for r in cfg.routes
+    )
+
+
+def _code_hash() -> str:
+    # The stage module alone is what source_hash(STAGE) covers; its parts live in stages/augment.
+    return hashlib.sha256((source_hash(STAGE) + source_hash("augment")).encode()).hexdigest()[:12]
+
+
+def _fingerprint(cfg, input_manifest, refs, vocabulary, settings) -> str:
+    payload = {
+        "stage": STAGE,
+        "params": cfg.model_dump(
+            exclude={"output", "metrics", "plot", "cache", "models_dir", "threads"}
+        ),
+        "input": input_manifest.get("fingerprint"),
+        "models": {k: r.revision for k, r in refs.items()},
+        "engine": settings.identity(),
+        "noise_vocabulary": vocabulary,
+        "code": _code_hash(),
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def _noise_vocabulary(cfg: BacktranslateConfig, sentences) -> list[str]:
+    if cfg.noise.copies == 0 or not any(r.noise for r in cfg.routes):
+        return []
+    if "insert" not in cfg.noise.kinds:
+        return []
+    if cfg.noise.vocabulary:
+        return list(cfg.noise.vocabulary)
+    texts = (t for table in sentences.iter_shards([S.TEXT]) for t in table[S.TEXT].to_pylist())
+    return frequent_words(texts, cfg.noise.top_words)
+
+
+def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> dict:
+    """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
+    start = time.monotonic()
+    sentences = open_dataset(cfg.input, S.SENTENCES)
+    settings = engine_settings(
+        cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir
+    )
+    refs = resolve_models(cfg)
+    conversions = {"performed": 0, "reused": 0}
+    if settings.engine == "ctranslate2":
+        for ref in refs.values():
+            _, converted = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
+            conversions["performed" if converted else "reused"] += 1
+    vocabulary = _noise_vocabulary(cfg, sentences)
+    fingerprint = _fingerprint(cfg, sentences.manifest, refs, vocabulary, settings)
+    writer = DatasetWriter(
+        cfg.output,
+        S.CANDIDATES,
+        stage=STAGE,
+        params=cfg.model_dump(),
+        fingerprint=fingerprint,
+        name=cfg.output,
+    )
+    if not writer.complete:
+        fn = functools.partial(
+            backtranslate_shard,
+            routes=route_plans(cfg),
+            pool=TranslatorPool(refs, settings),
+            cache=KeyValueCache(cfg.cache, "translations") if cfg.cache else MemoryCache(),
+            lengths=cfg.lengths(),
+            batching=Batching(cfg.max_batch_tokens, cfg.max_batch_sentences),
+            noise=NoiseSettings(
+                copies=cfg.noise.copies,
+                kinds=tuple(cfg.noise.kinds),
+                min_words=cfg.noise.min_words,
+                max_words=cfg.noise.max_words,
+                vocabulary=tuple(vocabulary),
+                mask_token=cfg.noise.mask_token,
+                seed=cfg.seed,
+            ),
+            seed=cfg.seed,
+            progress=progress,
+        )
+        map_shards(fn, sentences.files, {"candidates": writer}, executor, STAGE, progress)
+        counts: dict[str, int] = {}
+        for info in writer.finished_shards():
+            for k, v in info.counts.items():
+                counts[k] = counts.get(k, 0) + v
+        writer.finalize(
+            len(sentences), extra=_manifest_extra(cfg, refs, settings, vocabulary, counts)
+        )
+    manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
+    metrics = _metrics(cfg, manifest, conversions)
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    _plot(cfg)
+    t = metrics["translations"]
+    log.info(
+        "backtranslate: %d sentences -> %d candidates (%d identical) on %s/%s in %.1fs; "
+        "translations: %d performed, %d cache hits, %d saved by dedup%s",
+        metrics["sentences_in"],
+        metrics["candidates_out"],
+        metrics["identical"],
+        settings.engine,
+        settings.compute_type,
+        time.monotonic() - start,
+        t["performed"],
+        t["cache_hits"],
+        t["dedup_saved"],
+        "; STAND-IN models (not translations)" if metrics["standin"] else "",
+    )
+    return metrics
+
+
+def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts) -> dict:
+    standins = {k: r.standin for k, r in refs.items() if r.standin}
+    extra = {
+        "counts": counts,
+        "engine": {
+            "engine": settings.engine,
+            "compute_type": settings.compute_type,
+            "device": settings.device,
+        },
+        "models": {
+            k: {
+                "spec": r.spec,
+                "revision": r.revision,
+                "local": r.local,
+                "standin": bool(r.standin),
+            }
+            for k, r in refs.items()
+        },
+        "noise_vocabulary": vocabulary,
+        "standin": None,
+    }
+    if standins:
+        extra["standin"] = {
+            "note": next(iter(standins.values()))["note"],
+            "models": sorted(standins),
+        }
+    return extra
+
+
+def _metrics(cfg: BacktranslateConfig, manifest: dict, conversions: dict) -> dict:
+    counts = manifest["counts"]
+    dataset = open_dataset(cfg.output, S.CANDIDATES)
+    table = dataset.read_table([S.ROUTE, S.IDENTICAL, S.LENGTH_RATIO, S.EDIT_RATIO])
+    if table.num_rows != counts.get("candidates", 0):
+        raise DataIntegrityError(
+            f"backtranslate: {table.num_rows} candidate rows written, counts say {counts.get('candidates', 0)}"
+        )
+    routes = {}
+    totals = dict.fromkeys(PASS_COUNTS, 0)
+    for route in cfg.routes:
+        rows = table.filter(pc.equal(table[S.ROUTE], route.name))
+        entry = {
+            "candidates": int(counts.get(f"{route.name}.candidates", 0)),
+            "identical": int(counts.get(f"{route.name}.identical", 0)),
+            "mean_edit_ratio": _mean(rows[S.EDIT_RATIO]),
+            "mean_length_ratio": _mean(rows[S.LENGTH_RATIO]),
+        }
+        entry["identical_rate"] = (
+            round(entry["identical"] / entry["candidates"], 4) if entry["candidates"] else 0.0
+        )
+        for leg in ("forward", "backward"):
+            entry[leg] = {k: int(counts.get(f"{route.name}.{leg}.{k}", 0)) for k in PASS_COUNTS}
+            for k in PASS_COUNTS:
+                totals[k] += entry[leg][k]
+        routes[route.name] = entry
+    n_sent = int(counts.get("sentences", 0))
+    n_cand = int(counts.get("candidates", 0))
+    identical = int(counts.get("identical", 0))
+    standin = manifest.get("standin")
+    return {
+        "sentences_in": n_sent,
+        "candidates_out": n_cand,
+        "candidates_per_sentence": round(n_cand / n_sent, 3) if n_sent else 0.0,
+        "identical": identical,
+        "identical_rate": round(identical / n_cand, 4) if n_cand else 0.0,
+        "empty": int(counts.get("empty", 0)),
+        "translations": {
+            "requested": totals["requested"],
+            "dedup_saved": totals["dedup_saved"],
+            "cache_hits": totals["cache_hits"],
+            "performed": totals["translated"],
+        },
+        "routes": routes,
+        "noise": {k: int(counts.get(f"noise.{k}", 0)) for k in ("none", *KINDS, "collisions")},
+        "engine": manifest["engine"],
+        "ctranslate2_conversions": conversions,
+        "standin": bool(standin),
+        "standin_note": standin["note"] if standin else None,
+        "shards": manifest["num_shards"],
+    }
+
+
+def _mean(column) -> float:
+    value = pc.mean(column).as_py() if len(column) else None
+    return round(float(value), 4) if value is not None else 0.0
+
+
+def _plot(cfg: BacktranslateConfig) -> None:
+    """Histogram of the character edit ratio to the source, one series per route."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = open_dataset(cfg.output, S.CANDIDATES).read_table([S.ROUTE, S.EDIT_RATIO])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for route in cfg.routes:
+        values = table.filter(pc.equal(table[S.ROUTE], route.name))[S.EDIT_RATIO].to_numpy()
+        if len(values):
+            ax.hist(values, bins=40, range=(0, 1), alpha=0.5, label=f"{route.name} ({len(values)})")
+    ax.set_xlabel("character edit ratio to the source (0 = identical)")
+    ax.set_ylabel("candidates")
+    ax.set_title("backtranslate: how far candidates move from their source")
+    if table.num_rows:
+        ax.legend()
+    fig.tight_layout()
+    path = Path(cfg.plot)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+@cli_errors
+def command(
+    input: Annotated[str | None, typer.Option(help="Sentences dataset to translate.")] = None,
+    output: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Edit-ratio histogram PNG path.")] = None,
+    cache: Annotated[str | None, typer.Option(help="Translation cache (SQLite file).")] = None,
+    models_dir: Annotated[
+        str | None, typer.Option(help="Folder of CTranslate2 conversions.")
+    ] = None,
+    engine: Annotated[str | None, typer.Option(help="ctranslate2 or transformers.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    compute_type: Annotated[
+        str | None,
+        typer.Option(
+            help="auto; ctranslate2: int8, int8_float32, float32 (CPU), float16, int8_float16, bfloat16 (GPU); transformers: float32, bfloat16, float16."
+        ),
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (0: all available).")] = None,
+    max_batch_tokens: Annotated[
+        int | None, typer.Option(help="Padded source tokens per batch.")
+    ] = None,
+    max_batch_sentences: Annotated[
+        int | None, typer.Option(help="Sentences per batch at most.")
+    ] = None,
+    max_input_tokens: Annotated[
+        int | None, typer.Option(help="Truncate sources to this many tokens.")
+    ] = None,
+    max_length: Annotated[int | None, typer.Option(help="Output tokens at most.")] = None,
+    min_length: Annotated[int | None, typer.Option(help="Output tokens at least.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of noise and sampling.")] = None,
+    params: ParamsOpt = "params.yaml",
+    workers: WorkersOpt = 0,
+    scheduler: SchedulerOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Translate sentences to a pivot language and back to make positive candidates.
+
+    Every option defaults to the key of the same name in the `backtranslate` section of
+    params.yaml; routes, decodings and noise are set there. Finished shards are kept when a run
+    is interrupted, and the translation cache makes a rerun translate nothing twice.
+    """
+    overrides = {k: v for k, v in locals().items() if k in BacktranslateConfig.model_fields}
+    cfg = stage_config(STAGE, BacktranslateConfig, params, overrides)
+    if cfg.engine == "transformers" and cfg.compute_type.startswith("int8"):
+        raise ConfigError("backtranslate.compute_type: int8 types need engine ctranslate2")
+    with executor(workers, scheduler) as ex:
+        run(cfg, ex, progress=progress)

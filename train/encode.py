@@ -1,0 +1,222 @@
+"""Sentence vectors from an encoder, as the evaluator and the dev evaluation compute them.
+
+:class:`Embedder` wraps a Hugging Face encoder, its tokenizer and a pooling
+(``pipeline.models.pool``); :func:`load_embedder` builds one from a model spec, reading how to
+pool from the model folder: a folder this project exported (``pairforge.json``), any
+sentence-transformers folder (its Pooling module), or a plain Hugging Face model
+(``cls_before_pooler`` unless told otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.errors import ConfigError
+from pipeline.models import POOLINGS, load_encoder, pool, resolve_model
+from train.objectives.prompts import build_prompt_inputs
+
+log = logging.getLogger("pairforge")
+
+EXPORT_INFO = "pairforge.json"
+
+
+class Embedder:
+    """``texts -> (n, dim)`` float32 vectors (not normalised), in the order given.
+
+    Texts are encoded longest first in batches of ``batch_size`` (less padding), in eval mode and
+    without gradient; the encoder's train/eval mode is restored afterwards. With a ``prompt``
+    each sentence is cut to ``max_sentence_tokens`` tokens and wrapped (``mask`` pooling); else
+    inputs are truncated to ``max_length`` tokens (None: the tokenizer's model maximum).
+    """
+
+    def __init__(
+        self,
+        encoder: Any,
+        tokenizer: Any,
+        pooling: str,
+        prompt: str | None = None,
+        max_length: int | None = None,
+        max_sentence_tokens: int = 32,
+        batch_size: int = 64,
+        autocast_dtype: torch.dtype | None = None,
+    ) -> None:
+        if pooling not in POOLINGS:
+            raise ConfigError(f"pooling {pooling!r}: allowed {', '.join(POOLINGS)}")
+        self.encoder = encoder
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.prompt = prompt
+        self.max_length = max_length
+        self.max_sentence_tokens = max_sentence_tokens
+        self.batch_size = batch_size
+        self.autocast_dtype = autocast_dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.encoder.parameters()).device
+
+    def inputs(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        if self.prompt is not None:
+            encoded = build_prompt_inputs(
+                self.tokenizer, texts, self.prompt, self.max_sentence_tokens
+            )
+        else:
+            max_length = self.max_length or min(self.tokenizer.model_max_length, 4096)
+            encoded = self.tokenizer(
+                list(texts),
+                padding=True,
+                truncation=True,
+                max_length=max_length,
+                return_tensors="pt",
+            )
+        return {key: value.to(self.device) for key, value in dict(encoded).items()}
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        out: np.ndarray | None = None
+        was_training = self.encoder.training
+        self.encoder.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(texts), self.batch_size):
+                    index = order[start : start + self.batch_size]
+                    inputs = self.inputs([texts[i] for i in index])
+                    with torch.autocast(
+                        self.device.type,
+                        dtype=self.autocast_dtype or torch.float32,
+                        enabled=self.autocast_dtype is not None,
+                    ):
+                        outputs = self.encoder(**inputs, return_dict=True)
+                    vectors = pool(
+                        outputs,
+                        inputs["attention_mask"],
+                        self.pooling,
+                        inputs.get("input_ids"),
+                        self.tokenizer.mask_token_id,
+                    )
+                    vectors = vectors.float().cpu().numpy()
+                    if out is None:
+                        out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
+                    out[index] = vectors
+        finally:
+            self.encoder.train(was_training)
+        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+
+
+def _st_pooling(folder: Path) -> tuple[str | None, int | None]:
+    """(pooling, max_seq_length) of a sentence-transformers folder, (None, None) if it is none."""
+    modules_file = folder / "modules.json"
+    if not modules_file.exists():
+        return None, None
+    modules = json.loads(modules_file.read_text())
+    max_length = None
+    bert_config = folder / "sentence_bert_config.json"
+    if bert_config.exists():
+        max_length = json.loads(bert_config.read_text()).get("max_seq_length")
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith("Dense"):
+            raise ConfigError(
+                f"model {str(folder)!r}: sentence-transformers Dense modules are not supported by "
+                "the evaluator's encoder; evaluate it with its own pooling or export it anew"
+            )
+        if not kind.endswith("Pooling"):
+            continue
+        config = json.loads((folder / module["path"] / "config.json").read_text())
+        mode = config.get("pooling_mode")
+        if mode is None:
+            legacy = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}
+            active = [m for key, m in legacy.items() if config.get(key)]
+            others = [
+                k
+                for k, v in config.items()
+                if k.startswith("pooling_mode_") and v and k not in legacy
+            ]
+            mode = active[0] if len(active) == 1 and not others else str(others or active)
+        if mode == "cls":
+            return "cls_before_pooler", max_length  # ST's cls is the raw [CLS] state
+        if mode == "mean":
+            return "mean", max_length
+        raise ConfigError(
+            f"model {str(folder)!r}: sentence-transformers pooling {mode!r} is not supported; "
+            f"set the pooling explicitly (one of {', '.join(POOLINGS)})"
+        )
+    return None, max_length
+
+
+def describe_model(spec: str) -> dict[str, Any]:
+    """How the evaluator encodes with the model ``spec``: pooling, prompt, max length, source.
+
+    A folder exported by this project carries ``pairforge.json``; a sentence-transformers folder
+    its Pooling module; anything else gets ``cls_before_pooler`` (SimCSE's evaluation setting).
+    """
+    where = Path(resolve_model(spec))
+    info_file = where / EXPORT_INFO
+    if info_file.exists():
+        info = json.loads(info_file.read_text())
+        # The exported tokenizer wraps sentences in the prompt itself (see train/export.py).
+        return {
+            "pooling": info["pooling"],
+            "prompt": None,
+            "max_length": info.get("max_seq_length"),
+            "from": "pairforge export",
+            "info": info,
+        }
+    pooling, max_length = _st_pooling(where) if where.is_dir() else (None, None)
+    if pooling is not None:
+        return {
+            "pooling": pooling,
+            "prompt": None,
+            "max_length": max_length,
+            "from": "sentence-transformers",
+        }
+    return {
+        "pooling": "cls_before_pooler",
+        "prompt": None,
+        "max_length": max_length,
+        "from": "default",
+    }
+
+
+def load_embedder(
+    spec: str,
+    pooling: str = "auto",
+    prompt: str | None = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+    max_length: int | None = None,
+    max_sentence_tokens: int = 32,
+) -> tuple[Embedder, dict[str, Any]]:
+    """An :class:`Embedder` for the model ``spec`` and what it was built from.
+
+    ``pooling="auto"`` reads it from the folder (:func:`describe_model`); anything else overrides
+    it, with ``prompt`` the template for ``mask`` pooling.
+    """
+    described = describe_model(spec)
+    if pooling != "auto":
+        described.update(pooling=pooling, prompt=prompt, **{"from": "configured"})
+    if (
+        described["pooling"] == "mask"
+        and described["prompt"] is None
+        and described["from"] != "pairforge export"
+    ):
+        raise ConfigError(f"model {spec!r}: mask pooling needs a prompt template")
+    tokenizer, encoder = load_encoder(spec, device=device)
+    embedder = Embedder(
+        encoder,
+        tokenizer,
+        described["pooling"],
+        prompt=described["prompt"],
+        max_length=max_length or described["max_length"],
+        max_sentence_tokens=max_sentence_tokens,
+        batch_size=batch_size,
+    )
+    return embedder, described

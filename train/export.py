@@ -1,0 +1,246 @@
+"""The trained encoder as a sentence-transformers model folder.
+
+Layout (``SentenceTransformer(path).encode`` loads it offline; so does ``AutoModel``):
+
+- the encoder's ``config.json``/``model.safetensors`` and its tokenizer, at the root
+  (``sentence_transformers.models.Transformer``), ``sentence_bert_config.json``;
+- the pooling of the objective (``Objective.pooling``):
+  ``cls_before_pooler`` -> ``Pooling`` with the CLS token; ``mean`` -> ``Pooling`` mean;
+  ``cls`` -> ``Pooling`` CLS then ``Dense`` holding the encoder's pooler (Linear + Tanh);
+  ``mask`` -> the tokenizer wraps each sentence in the prompt by itself (a template
+  post-processor in ``tokenizer.json``: no sentence-transformers prompt can place text after the
+  sentence), and ``pairforge_pooling.MaskPooling`` (a file in the folder) takes the state at the
+  last [MASK]. Sentence-transformers runs code shipped in a model folder only when asked:
+  ``SentenceTransformer(path, trust_remote_code=True)``;
+- ``pairforge.json``: the objective, pooling, prompt, training step, dev score and provenance,
+  which the evaluator reads.
+
+The folder is written under a temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.errors import PairforgeError
+from train.encode import EXPORT_INFO
+from train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template
+
+POOLING_MODULE = "pairforge_pooling"
+TRANSFORMER = "sentence_transformers.models.Transformer"
+POOLING = "sentence_transformers.models.Pooling"
+DENSE = "sentence_transformers.models.Dense"
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _pooling_config(dim: int, cls: bool) -> dict[str, Any]:
+    # The legacy keys load in every sentence-transformers release, 2.x to 6.x.
+    return {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": cls,
+        "pooling_mode_mean_tokens": not cls,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+
+
+def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a single sentence."""
+    probe = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a", add_special_tokens=True)["input_ids"]
+    for k in range(len(full) - len(probe) + 1):
+        if full[k : k + len(probe)] == probe:
+            return full[:k], full[k + len(probe) :]
+    raise PairforgeError(
+        "export: cannot find where the tokenizer puts a sentence among its specials"
+    )
+
+
+def template_post_processor(tokenizer: Any, template: str):
+    """A ``tokenizers`` post-processor that puts every sentence into ``template``.
+
+    The template's text before and after ``[X]`` is tokenised once (``[MASK]`` as the mask
+    token) and added around the sentence's tokens, inside the tokenizer's own special tokens.
+    Returns (post-processor, number of tokens it adds).
+    """
+    from tokenizers.processors import TemplateProcessing
+
+    check_template(template)
+    head, tail = template.replace(MASK_SLOT, tokenizer.mask_token).split(SENTENCE_SLOT)
+    before, after = _special_ends(tokenizer)
+    pre = before + (tokenizer(head, add_special_tokens=False)["input_ids"] if head else [])
+    post = (tokenizer(tail, add_special_tokens=False)["input_ids"] if tail else []) + after
+
+    def token(name: str, ids: list[int]) -> dict[str, Any]:
+        return {"id": name, "ids": ids, "tokens": tokenizer.convert_ids_to_tokens(ids)}
+
+    pieces = [p for p, ids in (("<pre>", pre), ("$A:0", [0]), ("<post>", post)) if ids]
+    specials = [token(n, ids) for n, ids in (("<pre>", pre), ("<post>", post)) if ids]
+    return TemplateProcessing(single=" ".join(pieces), special_tokens=specials), len(pre) + len(
+        post
+    )
+
+
+def _install_template(folder: Path, tokenizer: Any, template: str) -> int:
+    """Make the saved tokenizer in ``folder`` wrap sentences in ``template``; returns the number
+    of tokens the template adds (special tokens included)."""
+    from tokenizers import Tokenizer
+
+    processor, added = template_post_processor(tokenizer, template)
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.post_processor = processor
+    backend.save(str(folder / "tokenizer.json"))
+    config_file = folder / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    # Model-specific tokenizer classes rebuild their post-processor when loaded; the generic fast
+    # tokenizer keeps the one in tokenizer.json.
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    _write_json(config_file, config)
+    return added
+
+
+def export_model(
+    folder: str | Path,
+    encoder: Any,
+    tokenizer: Any,
+    pooling: str,
+    prompt: str | None = None,
+    max_sentence_tokens: int = 32,
+    max_seq_length: int | None = None,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``encoder`` (a Hugging Face base model) as a sentence-transformers folder.
+
+    ``max_seq_length``: the longest input the exported model reads (None: the tokenizer's
+    model maximum, capped by the position embeddings). For ``mask`` pooling the sentence itself is
+    cut at ``max_sentence_tokens`` tokens, as in training. Replaces ``folder`` if it exists.
+    """
+    folder = Path(folder)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    encoder.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    config = encoder.config
+    dim = int(config.hidden_size)
+    positions = getattr(config, "max_position_embeddings", None) or 512
+    if max_seq_length is None:
+        max_seq_length = min(int(tokenizer.model_max_length), int(positions))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER}]
+    if pooling in ("cls_before_pooler", "mean", "cls"):
+        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": POOLING})
+        _write_json(tmp / "1_Pooling" / "config.json", _pooling_config(dim, pooling != "mean"))
+        if pooling == "cls":
+            _write_dense_pooler(tmp / "2_Dense", encoder)
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": DENSE})
+    elif pooling == "mask":
+        if prompt is None:
+            raise PairforgeError("export: mask pooling needs the prompt template")
+        added = _install_template(tmp, tokenizer, prompt)
+        max_seq_length = max_sentence_tokens + added
+        shutil.copyfile(Path(__file__).with_name("st_pooling.py"), tmp / f"{POOLING_MODULE}.py")
+        modules.append(
+            {
+                "idx": 1,
+                "name": "1",
+                "path": "1_MaskPooling",
+                "type": f"{POOLING_MODULE}.MaskPooling",
+            }
+        )
+        _write_json(
+            tmp / "1_MaskPooling" / "config.json",
+            {"mask_token_id": int(tokenizer.mask_token_id), "embedding_dimension": dim},
+        )
+    else:
+        raise PairforgeError(f"export: unknown pooling {pooling!r}")
+    _write_json(tmp / "modules.json", modules)
+    _write_json(
+        tmp / "sentence_bert_config.json",
+        {"max_seq_length": int(max_seq_length), "do_lower_case": False},
+    )
+    _write_json(
+        tmp / "config_sentence_transformers.json",
+        {
+            "__version__": {"pytorch": torch.__version__},
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+    _write_json(
+        tmp / EXPORT_INFO,
+        {
+            **(info or {}),
+            "pooling": pooling,
+            "prompt": prompt,
+            "max_sentence_tokens": max_sentence_tokens if pooling == "mask" else None,
+            "max_seq_length": int(max_seq_length),
+            "trust_remote_code": pooling == "mask",
+        },
+    )
+    (tmp / "README.md").write_text(_model_card(pooling, prompt, info or {}))
+    if folder.exists():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    return folder
+
+
+def _write_dense_pooler(folder: Path, encoder: Any) -> None:
+    from safetensors.torch import save_file
+
+    pooler = getattr(encoder, "pooler", None)
+    dense = getattr(pooler, "dense", None)
+    if dense is None:
+        raise PairforgeError("export: cls pooling needs the encoder's pooler, and it has none")
+    _write_json(
+        folder / "config.json",
+        {
+            "in_features": dense.in_features,
+            "out_features": dense.out_features,
+            "bias": True,
+            "activation_function": "torch.nn.modules.activation.Tanh",
+        },
+    )
+    save_file(
+        {
+            "linear.weight": dense.weight.detach().cpu().contiguous(),
+            "linear.bias": dense.bias.detach().cpu().contiguous(),
+        },
+        str(folder / "model.safetensors"),
+    )
+
+
+def _model_card(pooling: str, prompt: str | None, info: dict[str, Any]) -> str:
+    load = (
+        "SentenceTransformer(path, trust_remote_code=True)  # runs pairforge_pooling.py (mask pooling)"
+        if pooling == "mask"
+        else "SentenceTransformer(path)"
+    )
+    lines = [
+        "# pairforge sentence encoder",
+        "",
+        f"Objective: `{info.get('objective', '?')}`, trained from `{info.get('base_model', '?')}` "
+        f"for {info.get('step', '?')} steps; pooling `{pooling}`"
+        + (f" with the prompt `{prompt}`" if prompt else "")
+        + ".",
+        "",
+        "```python",
+        "from sentence_transformers import SentenceTransformer",
+        f"model = {load}",
+        'vectors = model.encode(["A sentence.", "Another one."])',
+        "```",
+        "",
+        "Training details are in `pairforge.json`.",
+        "",
+    ]
+    return "\n".join(lines)
