@@ -10,8 +10,9 @@ Every sentence is embedded once with the demo encoder (MiniLM-L6, mean pooling),
 both sides then get those vectors: pairforge as its ``embed`` stage's output dataset,
 sentence-transformers through its own ``cache_folder`` (the files it would have written itself).
 
-Each measured run is a fresh subprocess; its wall time is measured inside it, its peak memory
-(max RSS) by the parent from ``wait4``. Settings, equivalent on both sides:
+Each measured run is a fresh subprocess, as DVC runs a stage; its wall time and peak memory
+(VmHWM) are measured inside it. pairforge's mine and sample are two stages, two processes: their
+times add up, their peak is the larger one. Settings, equivalent on both sides:
 
 - pairforge: ``mine`` (k=64 neighbours, band cos in [0.25, 0.75], its exclusions, index ``auto``:
   exact up to 50k sentences, IVF above) then ``sample`` (m=2 negatives by P_neg, and 2 positives
@@ -149,6 +150,7 @@ def _write_project(
     from pipeline import schemas as S
     from pipeline.shards import DatasetWriter
     from pipeline.text import sentence_id
+    from stages.mining.inputs import write_vectors
 
     rps = 50_000
     ids = [sentence_id(t) for t in texts]
@@ -164,7 +166,8 @@ def _write_project(
     def write(path, spec, tables, extra=None):
         w = DatasetWriter(folder / path, spec, stage="bench", params={}, fingerprint="bench")
         for i, t in enumerate(tables):
-            w.write(i, t)
+            # Embeddings as the embed stage writes them (small row groups); the rest as usual.
+            write_vectors(w, i, t) if spec.name == "embeddings" else w.write(i, t)
         w.finalize(len(tables), extra=extra)
 
     def emb_table(id_list, vecs):
@@ -228,15 +231,13 @@ def _write_project(
     )
 
 
-def child_ours(folder: str, flat_max: int) -> dict:
-    from stages.mine import MineConfig
-    from stages.mine import run as mine
-    from stages.sample import SampleConfig
-    from stages.sample import run as sample
+def child_mine(folder: str, flat_max: int) -> dict:
+    """The ``mine`` stage as its own process, as DVC runs it."""
+    from stages.mine import MineConfig, run
 
     root = Path(folder)
     t0 = time.perf_counter()
-    mined = mine(
+    mined = run(
         MineConfig(
             sentences=str(root / "data/sentences"),
             embeddings=str(root / "data/embeddings/sentences"),
@@ -250,8 +251,20 @@ def child_ours(folder: str, flat_max: int) -> dict:
         ),
         progress=False,
     )
-    t1 = time.perf_counter()
-    sampled = sample(
+    return {
+        "seconds": time.perf_counter() - t0,
+        "index": mined["index"],
+        "pool_mean": mined["pool_size"]["mean"],
+    }
+
+
+def child_sample(folder: str) -> dict:
+    """The ``sample`` stage as its own process."""
+    from stages.sample import SampleConfig, run
+
+    root = Path(folder)
+    t0 = time.perf_counter()
+    sampled = run(
         SampleConfig(
             sentences=str(root / "data/sentences"),
             pools=str(root / "data/pools"),
@@ -264,16 +277,24 @@ def child_ours(folder: str, flat_max: int) -> dict:
         ),
         progress=False,
     )
-    t2 = time.perf_counter()
     return {
-        "seconds": t2 - t0,
-        "mine_seconds": t1 - t0,
-        "sample_seconds": t2 - t1,
-        "index": mined["index"],
-        "pool_mean": mined["pool_size"]["mean"],
+        "seconds": time.perf_counter() - t0,
         "negatives": sampled["counts"]["negatives_sampled"],
         "positives": sampled["counts"]["positives_sampled"],
-        "edit_pairs_per_second": sampled["edit"]["pairs_per_second"],
+    }
+
+
+def measure_ours(folder: Path, flat_max: int) -> dict:
+    """mine then sample, each in a fresh process (as the pipeline runs them): time is the sum,
+    peak memory the larger of the two."""
+    mined = measure(["--child", "mine", str(folder), str(flat_max)])
+    sampled = measure(["--child", "sample", str(folder)])
+    return {
+        "seconds": mined["seconds"] + sampled["seconds"],
+        "peak_mib": max(mined["peak_mib"], sampled["peak_mib"]),
+        "mine": mined,
+        "sample": sampled,
+        "index": mined["index"],
     }
 
 
@@ -530,8 +551,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         kind, folder, *rest = args.child
-        if kind == "ours":
-            result = child_ours(folder, int(rest[0]))
+        if kind == "mine":
+            result = child_mine(folder, int(rest[0]))
+        elif kind == "sample":
+            result = child_sample(folder)
         else:
             result = child_st(folder, rest[0] == "faiss", rest[1] == "list")
         print(json.dumps({**result, "peak_mib": peak_mib()}))
@@ -569,9 +592,12 @@ def main() -> None:
         (folder / "st_cache").mkdir()
         _st_cache(folder / "st_cache", texts, vectors)
         print(f"\n== {n:,} sentences ==", flush=True)
-        ours = measure(["--child", "ours", str(folder), "50000"])
+        ours = measure_ours(folder, 50_000)
         print(
-            f"  pairforge mine+sample: {ours['seconds']:.1f} s, {ours['peak_mib']:.0f} MiB ({ours['index']['kind']} index)",
+            f"  pairforge mine+sample: {ours['seconds']:.1f} s, {ours['peak_mib']:.0f} MiB "
+            f"({ours['index']['kind']} index; mine {ours['mine']['seconds']:.1f} s / "
+            f"{ours['mine']['peak_mib']:.0f} MiB, sample {ours['sample']['seconds']:.1f} s / "
+            f"{ours['sample']['peak_mib']:.0f} MiB)",
             flush=True,
         )
         variants = [("default", False)] if args.quick else [("default", False), ("use_faiss", True)]

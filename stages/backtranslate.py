@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal
 
-import pyarrow.compute as pc
 import typer
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,26 +34,21 @@ from pipeline.cli_options import (
     executor,
 )
 from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, DataIntegrityError
+from pipeline.errors import ConfigError
 from pipeline.runner import Executor, map_shards
 from pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
 from pipeline.version import source_hash
 from stages.augment.cache import KeyValueCache, MemoryCache
 from stages.augment.decoding import GREEDY, Decoding, Lengths
-from stages.augment.engines import (
-    ModelRef,
-    TranslatorPool,
-    convert_ctranslate2,
-    engine_settings,
-    resolve_translation_model,
-)
+from stages.augment.engines import TranslatorPool, engine_settings
+from stages.augment.modelfiles import ModelRef, convert_ctranslate2, resolve_translation_model
 from stages.augment.noise import KINDS, NoiseSettings, frequent_words
+from stages.augment.summary import plot_edit_ratio, summarize
 from stages.augment.translate import Batching, RoutePlan, backtranslate_shard
 
 log = logging.getLogger("pairforge")
 
 STAGE = "backtranslate"
-PASS_COUNTS = ("requested", "dedup_saved", "cache_hits", "translated")
 
 
 class RouteConfig(BaseModel):
@@ -283,10 +277,10 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             len(sentences), extra=_manifest_extra(cfg, refs, settings, vocabulary, counts)
         )
     manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
-    metrics = _metrics(cfg, manifest, conversions)
+    metrics = summarize(cfg.output, [r.name for r in cfg.routes], manifest, conversions)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.metrics), metrics)
-    _plot(cfg)
+    plot_edit_ratio(cfg.output, [r.name for r in cfg.routes], cfg.plot)
     t = metrics["translations"]
     log.info(
         "backtranslate: %d sentences -> %d candidates (%d identical) on %s/%s in %.1fs; "
@@ -332,91 +326,6 @@ def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts
             "models": sorted(standins),
         }
     return extra
-
-
-def _metrics(cfg: BacktranslateConfig, manifest: dict, conversions: dict) -> dict:
-    counts = manifest["counts"]
-    dataset = open_dataset(cfg.output, S.CANDIDATES)
-    table = dataset.read_table([S.ROUTE, S.IDENTICAL, S.LENGTH_RATIO, S.EDIT_RATIO])
-    if table.num_rows != counts.get("candidates", 0):
-        raise DataIntegrityError(
-            f"backtranslate: {table.num_rows} candidate rows written, counts say {counts.get('candidates', 0)}"
-        )
-    routes = {}
-    totals = dict.fromkeys(PASS_COUNTS, 0)
-    for route in cfg.routes:
-        rows = table.filter(pc.equal(table[S.ROUTE], route.name))
-        entry = {
-            "candidates": int(counts.get(f"{route.name}.candidates", 0)),
-            "identical": int(counts.get(f"{route.name}.identical", 0)),
-            "mean_edit_ratio": _mean(rows[S.EDIT_RATIO]),
-            "mean_length_ratio": _mean(rows[S.LENGTH_RATIO]),
-        }
-        entry["identical_rate"] = (
-            round(entry["identical"] / entry["candidates"], 4) if entry["candidates"] else 0.0
-        )
-        for leg in ("forward", "backward"):
-            entry[leg] = {k: int(counts.get(f"{route.name}.{leg}.{k}", 0)) for k in PASS_COUNTS}
-            for k in PASS_COUNTS:
-                totals[k] += entry[leg][k]
-        routes[route.name] = entry
-    n_sent = int(counts.get("sentences", 0))
-    n_cand = int(counts.get("candidates", 0))
-    identical = int(counts.get("identical", 0))
-    standin = manifest.get("standin")
-    return {
-        "sentences_in": n_sent,
-        "candidates_out": n_cand,
-        "candidates_per_sentence": round(n_cand / n_sent, 3) if n_sent else 0.0,
-        "identical": identical,
-        "identical_rate": round(identical / n_cand, 4) if n_cand else 0.0,
-        "empty": int(counts.get("empty", 0)),
-        "translations": {
-            "requested": totals["requested"],
-            "dedup_saved": totals["dedup_saved"],
-            "cache_hits": totals["cache_hits"],
-            "performed": totals["translated"],
-        },
-        "routes": routes,
-        "noise": {k: int(counts.get(f"noise.{k}", 0)) for k in ("none", *KINDS, "collisions")},
-        "engine": manifest["engine"],
-        "ctranslate2_conversions": conversions,
-        "standin": bool(standin),
-        "standin_note": standin["note"] if standin else None,
-        "shards": manifest["num_shards"],
-    }
-
-
-def _mean(column) -> float:
-    value = pc.mean(column).as_py() if len(column) else None
-    return round(float(value), 4) if value is not None else 0.0
-
-
-def _plot(cfg: BacktranslateConfig) -> None:
-    """Histogram of the character edit ratio to the source, one series per route."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    table = open_dataset(cfg.output, S.CANDIDATES).read_table([S.ROUTE, S.EDIT_RATIO])
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for route in cfg.routes:
-        values = table.filter(pc.equal(table[S.ROUTE], route.name))[S.EDIT_RATIO].to_numpy()
-        if len(values):
-            ax.hist(values, bins=40, range=(0, 1), alpha=0.5, label=f"{route.name} ({len(values)})")
-    ax.set_xlabel("character edit ratio to the source (0 = identical)")
-    ax.set_ylabel("candidates")
-    ax.set_title("backtranslate: how far candidates move from their source")
-    if table.num_rows:
-        ax.legend()
-    fig.tight_layout()
-    path = Path(cfg.plot)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
 
 
 # --- the command ------------------------------------------------------------------------------

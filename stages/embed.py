@@ -30,7 +30,7 @@ from pipeline.config import StageConfig, stage_config
 from pipeline.models import DEFAULT_PROMPT
 from pipeline.progress import Progress
 from pipeline.shards import MANIFEST, Dataset, DatasetWriter, atomic_write_json, open_dataset
-from stages.mining.inputs import ENCODER_KEY, embeddings_layout, fingerprint
+from stages.mining.inputs import ENCODER_KEY, embeddings_layout, fingerprint, write_vectors
 
 log = logging.getLogger("pairforge")
 
@@ -213,7 +213,7 @@ def _embed_dataset(
             vector_dtype=cfg.vector_dtype,
             progress=lambda n: bar.advance(done=n, rows=n),
         )
-        writer.write(i, result, {"rows": result.num_rows})
+        write_vectors(writer, i, result, {"rows": result.num_rows})
     seconds = time.monotonic() - start
     bar.close(f"{len(todo)} of {n_shards} shards computed")
     writer.finalize(

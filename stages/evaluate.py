@@ -109,6 +109,8 @@ def evaluate_model(
     pooling: str = "auto",
     prompt: str | None = None,
     data: Path | None = None,
+    progress: bool = False,
+    label: str | None = None,
 ) -> dict:
     """Scores of one model on ``cfg.tasks`` (see train.sts.evaluate), with how it was encoded."""
     from pipeline.models import pick_device
@@ -124,6 +126,8 @@ def evaluate_model(
         batch_size=cfg.batch_size,
         max_length=cfg.max_length,
     )
+    if progress:
+        embedder.progress = f"evaluate/{label or spec}"
     started = time.monotonic()
     data = data or sts.data_folder(cfg.data)
     result = sts.evaluate(embedder, data, cfg.tasks, max_pairs=cfg.max_pairs, seed=cfg.seed)
@@ -170,7 +174,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     try:
         with quiet_transformers():
             for label, spec, pooling, prompt in jobs:
-                result = evaluate_model(cfg, spec, pooling, prompt, data)
+                result = evaluate_model(cfg, spec, pooling, prompt, data, progress, label)
                 if not label:
                     label = _label(spec, {"info": result["trained"]})
                 elif pooling == "auto":
@@ -185,7 +189,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     finally:
         torch.set_num_threads(threads)
     metrics = {
-        "data": cfg.data,
+        "data": str(data),
         "tasks": list(cfg.tasks),
         "max_pairs": cfg.max_pairs,
         "models": {
@@ -206,17 +210,19 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     atomic_write_json(Path(cfg.metrics), metrics)
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(report, _markdown(cfg, results, sts_table(results, cfg.tasks)).encode())
+    atomic_write_bytes(
+        report, _markdown(cfg, results, sts_table(results, cfg.tasks), data).encode()
+    )
     plot_align_uniform(Path(cfg.plot), results)
     log.info("evaluate: %d models on %d tasks; table in %s", len(results), len(cfg.tasks), report)
     return metrics
 
 
-def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str) -> str:
+def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, data: Path) -> str:
     lines = [
         "# STS evaluation",
         "",
-        f'Spearman x100 of cosine similarity; data `{cfg.data}`. STS12-16: SentEval\'s "all" '
+        f'Spearman x100 of cosine similarity; data `{data}`. STS12-16: SentEval\'s "all" '
         "aggregation (one correlation over all subsets' pairs). align/uniform: STS-B test "
         "(lower is better).",
         "",

@@ -87,6 +87,9 @@ class MineConfig(StageConfig):
     ef_search: int = Field(128, ge=8)
     use_gpu: Literal["auto", "yes", "no"] = "auto"
     query_batch: int = Field(8192, ge=1, description="queries per FAISS search call")
+    anchor_batch: int = Field(
+        16384, ge=1, description="anchors whose neighbours are held at once (bounds memory)"
+    )
     recall_sample: int = Field(1000, ge=0, description="queries for the recall check; 0: skip")
     seed: int = 0
     threads: int = Field(-1, description="rapidfuzz and FAISS threads; -1: all cores")
@@ -118,8 +121,6 @@ class Searcher:
     8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
     """
 
-    RESCORE_ROWS = 512  # queries per exact rescoring step: (512, k, d) float32 gathered at once
-
     def __init__(
         self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
     ) -> None:
@@ -134,16 +135,22 @@ class Searcher:
         scores, ids = search(self.index, self.vectors[rows], self.k, self.batch, norm_tol=None)
         if not self.rescore:
             return scores, ids
-        for start in range(0, len(rows), self.RESCORE_ROWS):
-            sl = slice(start, start + self.RESCORE_ROWS)
-            q = self.vectors[rows[sl]]  # (c, d)
-            nb = self.vectors[np.maximum(ids[sl], 0)]  # (c, k, d)
-            exact = np.einsum("cd,ckd->ck", q, nb)  # (c, k)
-            exact[ids[sl] < 0] = -np.inf
-            order = np.argsort(-exact, axis=1, kind="stable")
-            scores[sl] = np.take_along_axis(exact, order, axis=1)
-            ids[sl] = np.take_along_axis(ids[sl], order, axis=1)
-        return scores, ids
+        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
+        safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
+        exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
+        # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
+        faiss.fvec_inner_products_by_idx(
+            faiss.swig_ptr(exact),
+            faiss.swig_ptr(queries),
+            faiss.swig_ptr(self.vectors),
+            faiss.swig_ptr(safe),
+            queries.shape[1],
+            ids.shape[0],
+            ids.shape[1],
+        )
+        exact[ids < 0] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")
+        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
 def mine_shard(
@@ -384,7 +391,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         )
     ids = table[S.ID].combine_chunks()
     texts = ArrowTexts(table[S.TEXT])
-    params = cfg.model_dump(exclude={"output", "metrics", "query_batch", "threads"})
+    params = cfg.model_dump(exclude={"output", "metrics", "query_batch", "anchor_batch", "threads"})
     fp = fingerprint(
         STAGE, params, {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
     )
@@ -436,22 +443,30 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
             "mine", total=len(sentences), skipped=len(sentences) - len(todo), enabled=progress
         )
         for i in todo:
-            anchors = _anchor_table(ids, int(bounds[i]), int(bounds[i + 1]), aug_rows, aug_texts)
             s0 = time.monotonic()
-            out, counts = mine_shard(
-                anchors,
-                searcher,
-                texts,
-                ids,
-                band=(cfg.band_low, cfg.band_high),
-                near_duplicate_threshold=cfg.near_duplicate_threshold,
-                min_pool=cfg.min_pool,
-                fallback=cfg.fallback,
-                widen_step=cfg.widen_step,
-                widen_limits=cfg.widen_limits,
-                seed=cfg.seed,
-                workers=cfg.threads,
-            )
+            parts, counts = [], {}
+            # A shard in anchor batches: neighbours and rule masks of one batch at a time. Random
+            # fills are seeded per anchor, so the batch size does not change the pools.
+            for lo in range(int(bounds[i]), int(bounds[i + 1]), cfg.anchor_batch):
+                hi = min(lo + cfg.anchor_batch, int(bounds[i + 1]))
+                part, part_counts = mine_shard(
+                    _anchor_table(ids, lo, hi, aug_rows, aug_texts),
+                    searcher,
+                    texts,
+                    ids,
+                    band=(cfg.band_low, cfg.band_high),
+                    near_duplicate_threshold=cfg.near_duplicate_threshold,
+                    min_pool=cfg.min_pool,
+                    fallback=cfg.fallback,
+                    widen_step=cfg.widen_step,
+                    widen_limits=cfg.widen_limits,
+                    seed=cfg.seed,
+                    workers=cfg.threads,
+                )
+                parts.append(part)
+                for key, value in part_counts.items():
+                    counts[key] = counts.get(key, 0) + value
+            out = pa.concat_tables(parts) if parts else S.POOLS.schema.empty_table()
             search_seconds += time.monotonic() - s0
             writer.write(i, out, counts)
             bar.advance(done=1, rows=out.num_rows)

@@ -27,7 +27,14 @@ import typer
 from pydantic import Field, field_validator
 
 from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, ProgressOpt, SchedulerOpt, WorkersOpt, cli_errors, executor
+from pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    WorkersOpt,
+    cli_errors,
+    executor,
+)
 from pipeline.config import StageConfig, stage_config
 from pipeline.errors import ConfigError, DataIntegrityError
 from pipeline.runner import Executor, map_tables
@@ -55,17 +62,23 @@ class RewriteConfig(StageConfig):
     output: str = "data/rewrites"
     quarantine: str = "data/quarantine/rewrite"
     metrics: str = "metrics/rewrite.json"
-    cache: str | None = Field(".cache/pairforge/rewrites.sqlite", description="answer cache; null: none")
+    cache: str | None = Field(
+        ".cache/pairforge/rewrites.sqlite", description="answer cache; null: none"
+    )
     base_url: str = Field("https://api.openai.com/v1", description="any OpenAI-compatible endpoint")
     model: str = "gpt-3.5-turbo"
-    api_key_env: str = Field("OPENAI_API_KEY", description="NAME of the environment variable holding the key")
+    api_key_env: str = Field(
+        "OPENAI_API_KEY", description="NAME of the environment variable holding the key"
+    )
     system: str | None = Field(None, description="optional system message")
     prompt: str = Field(DEFAULT_PROMPT, description="user message; {text} is the sentence")
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     max_tokens: int = Field(128, ge=1)
     timeout: float = Field(60.0, gt=0, description="seconds per request")
     max_retries: int = Field(6, ge=0)
-    backoff_base: float = Field(1.0, ge=0, description="first retry waits ~this many seconds, then doubles")
+    backoff_base: float = Field(
+        1.0, ge=0, description="first retry waits ~this many seconds, then doubles"
+    )
     backoff_max: float = Field(60.0, ge=0)
     concurrency: int = Field(8, ge=1, description="requests in flight at most")
     requests_per_minute: int = Field(500, ge=0, description="0: no limit")
@@ -103,7 +116,9 @@ class RewriteConfig(StageConfig):
         )
 
     def validation(self) -> Validation:
-        return Validation(self.language, self.min_ascii_letters, self.min_length_ratio, self.max_length_ratio)
+        return Validation(
+            self.language, self.min_ascii_letters, self.min_length_ratio, self.max_length_ratio
+        )
 
 
 def check_key_env(name: str) -> None:
@@ -120,7 +135,17 @@ def _fingerprint(cfg: RewriteConfig, input_manifest: dict | None) -> str:
     code = hashlib.sha256((source_hash(STAGE) + source_hash("augment")).encode()).hexdigest()[:12]
     payload = {
         "stage": STAGE,
-        "params": cfg.model_dump(exclude={"output", "quarantine", "metrics", "cache", "concurrency", "requests_per_minute", "timeout"}),
+        "params": cfg.model_dump(
+            exclude={
+                "output",
+                "quarantine",
+                "metrics",
+                "cache",
+                "concurrency",
+                "requests_per_minute",
+                "timeout",
+            }
+        ),
         "input": input_manifest.get("fingerprint") if input_manifest else None,
         "code": code,
     }
@@ -129,8 +154,22 @@ def _fingerprint(cfg: RewriteConfig, input_manifest: dict | None) -> str:
 
 def _writers(cfg: RewriteConfig, fingerprint: str) -> tuple[DatasetWriter, DatasetWriter]:
     params = cfg.model_dump()
-    rewrites = DatasetWriter(cfg.output, S.CANDIDATES, stage=STAGE, params=params, fingerprint=fingerprint, name=cfg.output)
-    quarantine = DatasetWriter(cfg.quarantine, S.QUARANTINE, stage=STAGE, params=params, fingerprint=fingerprint, name=cfg.quarantine)
+    rewrites = DatasetWriter(
+        cfg.output,
+        S.CANDIDATES,
+        stage=STAGE,
+        params=params,
+        fingerprint=fingerprint,
+        name=cfg.output,
+    )
+    quarantine = DatasetWriter(
+        cfg.quarantine,
+        S.QUARANTINE,
+        stage=STAGE,
+        params=params,
+        fingerprint=fingerprint,
+        name=cfg.quarantine,
+    )
     return rewrites, quarantine
 
 
@@ -160,7 +199,12 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
             for info in rewrites.finished_shards():
                 for k, v in info.counts.items():
                     counts[k] = counts.get(k, 0) + v
-            extra = {"counts": counts, "enabled": True, "base_url": cfg.base_url, "model": cfg.model}
+            extra = {
+                "counts": counts,
+                "enabled": True,
+                "base_url": cfg.base_url,
+                "model": cfg.model,
+            }
             rewrites.finalize(len(sentences), extra=extra)
             quarantine.finalize(len(sentences), extra=extra)
     manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
@@ -183,7 +227,11 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
             time.monotonic() - start,
         )
     else:
-        log.info("rewrite: disabled (rewrite.enabled: false); wrote empty %s and %s", cfg.output, cfg.quarantine)
+        log.info(
+            "rewrite: disabled (rewrite.enabled: false); wrote empty %s and %s",
+            cfg.output,
+            cfg.quarantine,
+        )
     return metrics
 
 
@@ -203,14 +251,21 @@ def _tables(cfg: RewriteConfig, sentences, outputs: dict[str, DatasetWriter]):
 def _metrics(cfg: RewriteConfig, manifest: dict) -> dict:
     counts = manifest.get("counts", {})
     rejected = {r: int(counts.get(f"rejected.{r}", 0)) for r in REASONS}
-    tokens = {"prompt": int(counts.get("tokens.prompt", 0)), "completion": int(counts.get("tokens.completion", 0))}
+    tokens = {
+        "prompt": int(counts.get("tokens.prompt", 0)),
+        "completion": int(counts.get("tokens.completion", 0)),
+    }
     cached = {
         "prompt": int(counts.get("cached_tokens.prompt", 0)),
         "completion": int(counts.get("cached_tokens.completion", 0)),
     }
 
     def cost(t: dict) -> float:
-        return round(t["prompt"] / 1e6 * cfg.price_input_per_1m + t["completion"] / 1e6 * cfg.price_output_per_1m, 6)
+        return round(
+            t["prompt"] / 1e6 * cfg.price_input_per_1m
+            + t["completion"] / 1e6 * cfg.price_output_per_1m,
+            6,
+        )
 
     metrics = {
         "enabled": bool(manifest.get("enabled", cfg.enabled)),
@@ -243,22 +298,37 @@ def _metrics(cfg: RewriteConfig, manifest: dict) -> dict:
 
 @cli_errors
 def command(
-    enabled: Annotated[bool | None, typer.Option("--enabled/--disabled", help="Send requests, or write empty datasets.")] = None,
+    enabled: Annotated[
+        bool | None,
+        typer.Option("--enabled/--disabled", help="Send requests, or write empty datasets."),
+    ] = None,
     input: Annotated[str | None, typer.Option(help="Sentences dataset to rewrite.")] = None,
-    output: Annotated[str | None, typer.Option(help="Rewrites dataset folder (candidates schema).")] = None,
-    quarantine: Annotated[str | None, typer.Option(help="Quarantine dataset folder for rejected rows.")] = None,
+    output: Annotated[
+        str | None, typer.Option(help="Rewrites dataset folder (candidates schema).")
+    ] = None,
+    quarantine: Annotated[
+        str | None, typer.Option(help="Quarantine dataset folder for rejected rows.")
+    ] = None,
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     cache: Annotated[str | None, typer.Option(help="Answer cache (SQLite file).")] = None,
-    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")] = None,
+    base_url: Annotated[
+        str | None, typer.Option(help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")
+    ] = None,
     model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="NAME of the environment variable holding the API key.")] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="NAME of the environment variable holding the API key.")
+    ] = None,
     temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="Answer tokens at most.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per request.")] = None,
     max_retries: Annotated[int | None, typer.Option(help="Retries of a failed request.")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Requests in flight at most.")] = None,
-    requests_per_minute: Annotated[int | None, typer.Option(help="Requests per minute at most (0: no limit).")] = None,
-    max_sentences: Annotated[int | None, typer.Option(help="Rewrite only the first N sentences.")] = None,
+    requests_per_minute: Annotated[
+        int | None, typer.Option(help="Requests per minute at most (0: no limit).")
+    ] = None,
+    max_sentences: Annotated[
+        int | None, typer.Option(help="Rewrite only the first N sentences.")
+    ] = None,
     params: ParamsOpt = "params.yaml",
     workers: WorkersOpt = 0,
     scheduler: SchedulerOpt = None,

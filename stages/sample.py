@@ -56,9 +56,9 @@ from stages.mining.inputs import (
     embeddings_layout,
     encoder_info,
     fingerprint,
+    iter_vectors,
     load_vectors,
     open_embeddings,
-    vectors_of,
 )
 from stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
 
@@ -101,6 +101,9 @@ class SampleConfig(StageConfig):
     view2_route: str = "en-fr-en"
     seed: int = 0
     threads: int = Field(-1, description="rapidfuzz threads; -1: all cores")
+    anchor_batch: int = Field(
+        16384, ge=1, description="anchors scored at once (bounds memory; seeds the draws)"
+    )
     corpus_name: str = Field("corpus", description="for the dataset card")
     corpus_license: str = Field("unknown", description="licence of the corpus text, for the card")
 
@@ -108,10 +111,13 @@ class SampleConfig(StageConfig):
 # --- the pure per-shard function --------------------------------------------------------------
 
 
-def _repeat(items: list[str], counts: np.ndarray) -> list[str]:
-    arr = np.empty(len(items), dtype=object)
-    arr[:] = items
-    return np.repeat(arr, counts).tolist()
+def _gather(strings: pa.Array, rows: np.ndarray) -> list[str]:
+    """``strings[rows]`` as a list of Python strings, each distinct row converted once (pools
+    repeat corpus sentences: the list then holds references, not copies)."""
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    objs = np.empty(len(uniq), dtype=object)
+    objs[:] = strings.take(pa.array(uniq)).to_pylist()
+    return objs[inverse].tolist()
 
 
 def sample_shard(
@@ -122,8 +128,10 @@ def sample_shard(
     edit_strings: pa.Array,
     cfg: SampleConfig,
     shard: int,
+    batch: int = 0,
 ) -> tuple[pa.Table, dict[str, int], float]:
-    """One shard of ``pools`` -> its ``pairs`` rows, counts, and the seconds spent scoring.
+    """One shard (or anchor batch ``batch`` of it) of ``pools`` -> its ``pairs`` rows, counts,
+    and the seconds spent scoring. Draws are seeded by (seed, shard, batch).
 
     ``positives`` holds the shard's anchors' candidates sorted by anchor row (``row``,
     ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``, ``edit_string``).
@@ -137,7 +145,8 @@ def sample_shard(
             f"pools shard {shard}: anchor ids do not match the sentences at their rows; "
             "the pools are stale, run mine again"
         )
-    anchor_edit = edit_strings.take(pa.array(rows)).to_pylist()
+    anchor_edit = np.empty(n, dtype=object)  # (n,) for C-speed repeats below
+    anchor_edit[:] = edit_strings.take(pa.array(rows)).to_pylist()
     t0 = time.perf_counter()
 
     # Negatives: score every pool candidate, then draw m.
@@ -146,15 +155,15 @@ def sample_shard(
     n_off -= n_off[0]
     cand_rows = pool_rows.flatten().to_numpy()
     edit = encoded_distances(
-        _repeat(anchor_edit, np.diff(n_off)),
-        edit_strings.take(pa.array(cand_rows)).to_pylist(),
+        np.repeat(anchor_edit, np.diff(n_off)).tolist(),
+        _gather(edit_strings, cand_rows),
         cfg.edit_normalized,
         cfg.threads,
         cfg.edit_metric,
     )
     cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
     neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature)
-    neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, 0]))
+    neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
     picked = pa.array(neg_draw.indices)
 
     # Positives: the anchors' candidates, identical copies skipped unless kept.
@@ -165,7 +174,7 @@ def sample_shard(
     local_k = local[keep]
     p_off = np.concatenate([[0], np.cumsum(np.bincount(local_k, minlength=n))]).astype(np.int64)
     pos_edit = encoded_distances(
-        [anchor_edit[i] for i in local_k],
+        anchor_edit[local_k].tolist(),
         pos_t[EDIT_STRING].to_pylist(),
         cfg.edit_normalized,
         cfg.threads,
@@ -174,7 +183,9 @@ def sample_shard(
     pos = score_pools(
         pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature
     )
-    pos_draw = draw(pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, 1]))
+    pos_draw = draw(
+        pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, batch, 1])
+    )
     pos_picked = pa.array(pos_draw.indices)
     seconds = time.perf_counter() - t0
 
@@ -307,13 +318,14 @@ def _open_positives(
     cols = [S.ID, S.CANDIDATE_ID, S.TEXT, S.ROUTE, S.NOISE, S.IDENTICAL]
     for i in range(len(candidates)):
         table = candidates.read_shard(i, cols)
-        emb = cand_emb.read_shard(i)
-        if not emb[S.ID].equals(table[S.CANDIDATE_ID]):
+        parts_i = list(iter_vectors(cand_emb, i))
+        emb_ids = pa.chunked_array([x for x, _ in parts_i], pa.string())
+        if not emb_ids.equals(table[S.CANDIDATE_ID]):
             raise DataIntegrityError(
                 f"{cand_emb.path} shard {i} does not embed the candidates of {candidates.path} "
-                "shard {i} (ids differ): run embed again"
+                f"shard {i} (ids differ): run embed again"
             )
-        vectors = vectors_of(emb, d_c, f"{cand_emb.path}/{cand_emb.files[i].name}")
+        vectors = np.concatenate([v for _, v in parts_i]) if parts_i else np.empty((0, d_c))
         anchor = pc.index_in(table[S.ID], value_set=sent_ids)
         valid = pc.is_valid(anchor).to_numpy(zero_copy_only=False)
         orphans += int((~valid).sum())
@@ -416,13 +428,21 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         bar = Progress("sample", total=len(pools), skipped=len(pools) - len(todo), enabled=progress)
         for i in todo:
             shard = pools.read_shard(i)
-            rows = shard[S.ROW].to_numpy()
-            lo, hi = np.searchsorted(pos_rows, [rows[0], rows[-1] + 1]) if len(rows) else (0, 0)
-            out, counts, seconds = sample_shard(
-                shard, positives.slice(lo, hi - lo), corpus, ids, edit_strings, cfg, i
-            )
-            edit_s += seconds
-            edit_pairs += counts["edit_pairs"]
+            parts, counts = [], {}
+            # In anchor batches: the scores of one batch's pools are held at a time.
+            for j, start in enumerate(range(0, max(shard.num_rows, 1), cfg.anchor_batch)):
+                part = shard.slice(start, cfg.anchor_batch)
+                rows = part[S.ROW].to_numpy()
+                lo, hi = np.searchsorted(pos_rows, [rows[0], rows[-1] + 1]) if len(rows) else (0, 0)
+                out, part_counts, seconds = sample_shard(
+                    part, positives.slice(lo, hi - lo), corpus, ids, edit_strings, cfg, i, j
+                )
+                parts.append(out)
+                for key, value in part_counts.items():
+                    counts[key] = counts.get(key, 0) + value
+                edit_s += seconds
+                edit_pairs += part_counts["edit_pairs"]
+            out = pa.concat_tables(parts)
             writer.write(i, out, counts)
             bar.advance(done=1, rows=out.num_rows)
         bar.close()

@@ -20,6 +20,7 @@ import torch
 
 from pipeline.errors import ConfigError
 from pipeline.models import POOLINGS, load_encoder, pool, resolve_model
+from pipeline.progress import Progress
 from train.objectives.prompts import build_prompt_inputs
 
 log = logging.getLogger("pairforge")
@@ -46,6 +47,7 @@ class Embedder:
         max_sentence_tokens: int = 32,
         batch_size: int = 64,
         autocast_dtype: torch.dtype | None = None,
+        progress: str | None = None,
     ) -> None:
         if pooling not in POOLINGS:
             raise ConfigError(f"pooling {pooling!r}: allowed {', '.join(POOLINGS)}")
@@ -57,6 +59,7 @@ class Embedder:
         self.max_sentence_tokens = max_sentence_tokens
         self.batch_size = batch_size
         self.autocast_dtype = autocast_dtype
+        self.progress = progress  # a label: report sentences, rate and ETA while encoding
 
     @property
     def device(self) -> torch.device:
@@ -68,7 +71,12 @@ class Embedder:
                 self.tokenizer, texts, self.prompt, self.max_sentence_tokens
             )
         else:
-            max_length = self.max_length or min(self.tokenizer.model_max_length, 4096)
+            positions = getattr(
+                getattr(self.encoder, "config", None), "max_position_embeddings", 512
+            )
+            max_length = self.max_length or min(
+                int(self.tokenizer.model_max_length), int(positions)
+            )
             encoded = self.tokenizer(
                 list(texts),
                 padding=True,
@@ -84,6 +92,9 @@ class Embedder:
         out: np.ndarray | None = None
         was_training = self.encoder.training
         self.encoder.eval()
+        bar = Progress(
+            self.progress or "", total=len(texts), unit="sentences", enabled=bool(self.progress)
+        )
         try:
             with torch.inference_mode():
                 for start in range(0, len(texts), self.batch_size):
@@ -106,8 +117,11 @@ class Embedder:
                     if out is None:
                         out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
                     out[index] = vectors
+                    bar.advance(done=len(index), rows=len(index))
         finally:
             self.encoder.train(was_training)
+        if self.progress:
+            bar.close()
         return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 

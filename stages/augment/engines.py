@@ -15,29 +15,22 @@ output tokens; the transformers engine suppresses the pad token (Marian's decode
 which CTranslate2's conversion removes from the vocabulary), so a float32 CTranslate2 model and
 the transformers model give the same greedy output.
 
-A model is named by a spec (hub id, local folder or ``package:``; see ``pipeline.models``). Its
-``revision`` is the hub commit of the snapshot used, or ``sha256:<16 hex>`` of a local folder's
-files, so that caches and conversions follow the weights, not the name.
+Models are resolved and converted by ``stages.augment.modelfiles``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
-import hashlib
-import json
 import logging
 import os
-import shutil
 import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from pipeline.errors import ConfigError
-from pipeline.models import hub_kwargs, resolve_model
+from pipeline.models import hub_kwargs
 from stages.augment.decoding import Decoding
+from stages.augment.modelfiles import ModelRef, convert_ctranslate2
 
 log = logging.getLogger("pairforge")
 
@@ -49,80 +42,6 @@ COMPUTE_TYPES = {
     ("ctranslate2", "cpu"): ("int8", "int8_float32", "float32"),
     ("ctranslate2", "cuda"): ("float16", "int8_float16", "bfloat16", "int8_bfloat16", "float32"),
 }
-STANDIN_FILE = "pairforge-standin.json"
-
-
-# --- models -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A translation model resolved to files: ``spec`` as written in params, ``path`` to load
-    from, ``revision`` (hub commit or content hash) and the stand-in note when it is one."""
-
-    spec: str
-    path: str
-    revision: str
-    local: bool
-    standin: dict | None = field(default=None, compare=False)
-
-    @property
-    def cache_name(self) -> str:
-        """Identity in cache keys: a local folder by content, a hub model by id and commit."""
-        return f"local@{self.revision}" if self.local else f"{self.spec}@{self.revision}"
-
-
-@functools.lru_cache(maxsize=64)
-def _folder_hash(path: str, stamp: tuple) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(p for p in Path(path).rglob("*") if p.is_file()):
-        rel = file.relative_to(path)
-        if any(part.startswith(".") for part in rel.parts):
-            continue
-        digest.update(str(rel).encode() + b"\0")
-        with open(file, "rb") as fh:
-            while block := fh.read(1 << 20):
-                digest.update(block)
-    return "sha256:" + digest.hexdigest()[:16]
-
-
-def folder_revision(path: str | Path) -> str:
-    """Content hash of a model folder (recomputed only when a file's size or mtime changed)."""
-    files = sorted(p for p in Path(path).rglob("*") if p.is_file())
-    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    return _folder_hash(str(path), stamp)
-
-
-def resolve_translation_model(spec: str, revision: str | None = None) -> ModelRef:
-    """Find the files of a Marian model spec; a ConfigError names the spec when they are not
-    there (offline with an empty hub cache, a missing folder, a folder without config.json)."""
-    where = resolve_model(spec)
-    if Path(where).is_dir():
-        if revision:
-            raise ConfigError(f"model {spec!r}: a revision applies to hub ids, not local folders")
-        if not (Path(where) / "config.json").exists():
-            raise ConfigError(f"model {spec!r}: {where!r} has no config.json")
-        standin_file = Path(where) / STANDIN_FILE
-        standin = json.loads(standin_file.read_text()) if standin_file.exists() else None
-        return ModelRef(spec, where, folder_revision(where), local=True, standin=standin)
-    from huggingface_hub import snapshot_download
-
-    try:
-        path = snapshot_download(
-            repo_id=where,
-            revision=revision,
-            local_files_only=bool(hub_kwargs().get("local_files_only")),
-            allow_patterns=["*.json", "*.spm", "*.model", "*.txt", "*.safetensors", "*.bin"],
-        )
-    except Exception as exc:  # hub errors come in many classes; all mean "not available"
-        offline = (
-            " (HF_HUB_OFFLINE is set: only the local hub cache is searched)" if hub_kwargs() else ""
-        )
-        raise ConfigError(
-            f"model {spec!r} (revision {revision or 'main'}) could not be found{offline}: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        ) from None
-    return ModelRef(spec, str(path), Path(path).name, local=False)
 
 
 # --- engine settings --------------------------------------------------------------------------
@@ -317,58 +236,6 @@ class TransformersTranslator(_MarianText):
         texts = self.decode(out.cpu().tolist())
         n = decoding.n
         return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
-
-
-def _quantization_dir(ref: ModelRef, quantization: str, models_dir: str) -> Path:
-    stem = ref.spec.replace("package:", "").strip("/").replace("/", "--").replace(".", "_")[-60:]
-    rev = ref.revision.replace("sha256:", "")[:16]
-    return Path(models_dir) / f"{stem}-{rev}-{quantization}"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def convert_ctranslate2(ref: ModelRef, quantization: str, models_dir: str) -> tuple[Path, bool]:
-    """The CTranslate2 conversion of ``ref`` at ``quantization``: ``(folder, converted now)``.
-
-    Converted once per (model, revision, quantization) and reused by every later run; a lock
-    keeps concurrent workers from converting twice, and the folder appears only when complete.
-    """
-    from ctranslate2.converters import TransformersConverter
-
-    target = _quantization_dir(ref, quantization, models_dir)
-    if (target / "model.bin").exists():
-        return target, False
-    with _file_lock(target.with_name(f".{target.name}.lock")):
-        if (target / "model.bin").exists():
-            return target, False
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.info("backtranslate: converting %s to CTranslate2 (%s)", ref.spec, quantization)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                TransformersConverter(ref.path, low_cpu_mem_usage=True).convert(
-                    str(tmp), quantization=quantization, force=True
-                )
-        except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ConfigError(
-                f"model {ref.spec!r}: CTranslate2 conversion failed: {type(exc).__name__}: {exc}"
-            ) from None
-        (tmp / "pairforge-source.json").write_text(
-            json.dumps({"spec": ref.spec, "revision": ref.revision, "quantization": quantization})
-        )
-        os.replace(tmp, target)
-    return target, True
 
 
 class CTranslate2Translator(_MarianText):

@@ -162,7 +162,11 @@ class ChatClient:
             )
         except openai.RateLimitError as exc:
             raise _Transient("429", _status_detail(exc), _retry_after(exc)) from None
-        except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
+        except (
+            openai.AuthenticationError,
+            openai.PermissionDeniedError,
+            openai.NotFoundError,
+        ) as exc:
             raise PairforgeError(
                 f"rewrite: {self.settings.base_url} answered {exc.status_code} for model "
                 f"{self.settings.model!r}: {self.scrub(_status_detail(exc))} (check the key in "
@@ -170,14 +174,20 @@ class ChatClient:
             ) from None
         except openai.APIStatusError as exc:
             if exc.status_code >= 500 or exc.status_code in (408, 409):
-                raise _Transient("5xx" if exc.status_code >= 500 else str(exc.status_code), _status_detail(exc), _retry_after(exc)) from None
+                raise _Transient(
+                    "5xx" if exc.status_code >= 500 else str(exc.status_code),
+                    _status_detail(exc),
+                    _retry_after(exc),
+                ) from None
             raise _Final(f"HTTP {exc.status_code}: {_status_detail(exc)}") from None
         except openai.APITimeoutError:
             raise _Transient("timeout", f"no answer within {self.settings.timeout}s") from None
         except openai.APIConnectionError as exc:
             raise _Transient("connection", f"connection error: {exc}") from None
         except (json.JSONDecodeError, openai.APIResponseValidationError, ValueError) as exc:
-            raise _Transient("malformed", f"malformed response: {type(exc).__name__}: {exc}") from None
+            raise _Transient(
+                "malformed", f"malformed response: {type(exc).__name__}: {exc}"
+            ) from None
         try:
             content = response.choices[0].message.content
             if not isinstance(content, str):
@@ -252,9 +262,72 @@ _REFUSAL = re.compile(
 )
 _QUOTES = {'"': '"', "'": "'", "\u201c": "\u201d", "\u2018": "\u2019", "`": "`"}
 ENGLISH_STOPWORDS = frozenset(
-    "a an the and or but of to in on at for with by from is are was were be been it its this that "
-    "these those as not no he she they we you i his her their our your has have had do does did "
-    "will would can could should may might there here what which who when where how all some".split()
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "of",
+        "to",
+        "in",
+        "on",
+        "at",
+        "for",
+        "with",
+        "by",
+        "from",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "those",
+        "as",
+        "not",
+        "no",
+        "he",
+        "she",
+        "they",
+        "we",
+        "you",
+        "i",
+        "his",
+        "her",
+        "their",
+        "our",
+        "your",
+        "has",
+        "have",
+        "had",
+        "do",
+        "does",
+        "did",
+        "will",
+        "would",
+        "can",
+        "could",
+        "should",
+        "may",
+        "might",
+        "there",
+        "here",
+        "what",
+        "which",
+        "who",
+        "when",
+        "where",
+        "how",
+        "all",
+        "some",
+    ]
 )
 REASONS = (
     "empty",

@@ -1,4 +1,5 @@
-"""Cheap quality signals of a candidate against its source sentence (scores, not decisions).
+"""The per-row columns of a candidate besides its text: its id, and cheap quality signals against
+its source sentence (scores, not decisions).
 
 - ``identical``: equal to the source after whitespace normalisation (a round trip that returned
   its input is not a useful positive; downstream sampling drops or down-weights it);
@@ -8,6 +9,8 @@
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 from rapidfuzz.distance import Indel
@@ -35,3 +38,11 @@ def quality_signals(
     length_ratio = (cand_len / np.maximum(src_len, 1.0)).astype(np.float32)
     edit_ratio = cpdist(sources, candidates, scorer=Indel.normalized_distance, workers=1)
     return identical, length_ratio, np.asarray(edit_ratio, dtype=np.float32)
+
+
+def candidate_id(
+    sentence_id: str, route: str, model: str, decoding: str, noise: str, index: int
+) -> str:
+    """BLAKE2b-64 hex over (id, route, model, decoding, noise, index): unique per candidate."""
+    parts = "\x1f".join([sentence_id, route, model, decoding, noise, str(index)])
+    return hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()

@@ -20,8 +20,7 @@ from pipeline.progress import Progress
 from pipeline.runner import ShardResult
 from stages.augment.cache import cache_key
 from stages.augment.llm import ChatClient, Reply, Validation, validate_rewrite
-from stages.augment.quality import quality_signals
-from stages.augment.translate import candidate_id
+from stages.augment.quality import candidate_id, quality_signals
 
 ROUTE = "llm"
 ENGINE = "openai"
@@ -63,7 +62,9 @@ def rewrite_shard(
             counts["cached_tokens.prompt"] += hit["prompt_tokens"]
             counts["cached_tokens.completion"] += hit["completion_tokens"]
     todo = [t for t in unique if t not in answers]
-    bar = Progress("rewrite/requests", total=len(todo), unit="sentences", enabled=progress and bool(todo))
+    bar = Progress(
+        "rewrite/requests", total=len(todo), unit="sentences", enabled=progress and bool(todo)
+    )
 
     def ask(text: str) -> tuple[str, Reply]:
         reply = client.complete(client.settings.messages(text))
@@ -93,7 +94,9 @@ def rewrite_shard(
     bar.close()
 
     good: dict[str, list] = {k: [] for k in ("id", "text", "source_text")}
-    bad: dict[str, list] = {k: [] for k in ("reason", "source", "line", "text", "n_bytes", "detail")}
+    bad: dict[str, list] = {
+        k: [] for k in ("reason", "source", "line", "text", "n_bytes", "detail")
+    }
     for sid, text, source, line in zip(ids, texts, sources, lines, strict=True):
         reply = answers[text]
         if reply.text is None:
@@ -148,4 +151,6 @@ def rewrite_shard(
             S.DETAIL: pa.array(bad["detail"], pa.string()),
         }
     )
-    return ShardResult({"rewrites": rewrites, "rejected": rejected}, {k: int(v) for k, v in counts.items()})
+    return ShardResult(
+        {"rewrites": rewrites, "rejected": rejected}, {k: int(v) for k, v in counts.items()}
+    )

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from stages.augment.engines import STANDIN_FILE
+from stages.augment.modelfiles import STANDIN_FILE
 
 NOTE = (
     "STAND-IN MODEL, NOT A TRANSLATION MODEL: a tiny MarianMT built locally by `pairforge "
@@ -97,7 +97,7 @@ def write_tokenizer(folder: Path, spm_model: bytes, vocab: dict[str, int]) -> No
     )
 
 
-def whole_words(spm_model: bytes, texts: list[str], min_share: float = 0.9) -> set[str]:
+def whole_words(spm_model: bytes, texts: list[str], min_share: float = 0.8) -> set[str]:
     """Pieces that start a word and end it in at least ``min_share`` of their occurrences in
     ``texts`` (a substitute for "plan" in "plan|ning" would make "plannedning")."""
     import sentencepiece as spm
@@ -131,9 +131,11 @@ def input_word_embeddings(encoder: str):
         from safetensors import safe_open
 
         with safe_open(str(weights_file), "pt") as fh:
-            names = [k for k in fh.keys() if k.endswith("word_embeddings.weight")]
+            names = [k for k in fh.keys() if k.endswith("word_embeddings.weight")]  # noqa: SIM118
             if len(names) == 1:
-                lookup = {w: i for i, w in enumerate(vocab_txt.read_text(encoding="utf-8").splitlines())}
+                lookup = {
+                    w: i for i, w in enumerate(vocab_txt.read_text(encoding="utf-8").splitlines())
+                }
                 return lookup, fh.get_tensor(names[0]).float()
     from transformers import AutoModel, AutoTokenizer
 
@@ -141,7 +143,9 @@ def input_word_embeddings(encoder: str):
         tokenizer = AutoTokenizer.from_pretrained(str(where), **hub_kwargs())
         model = AutoModel.from_pretrained(str(where), **hub_kwargs())
     except OSError as exc:
-        raise ConfigError(f"standin.neighbours_from {encoder!r} could not be loaded: {exc}") from None
+        raise ConfigError(
+            f"standin.neighbours_from {encoder!r} could not be loaded: {exc}"
+        ) from None
     with torch.no_grad():
         return dict(tokenizer.get_vocab()), model.get_input_embeddings().weight.detach().float()
 
@@ -153,7 +157,7 @@ def word_neighbours(
     encoder: str,
     keep_common: int,
     k: int = 3,
-    min_similarity: float = 0.4,
+    min_similarity: float = 0.35,
 ) -> dict[int, list[tuple[int, float]]]:
     """For content-word pieces: up to ``k`` vocabulary neighbours ``(id, cosine)`` by the
     input word embeddings of ``encoder`` (a model spec). Only pieces in ``words`` (whole words)

@@ -31,7 +31,7 @@ from stages.augment.cache import cache_key
 from stages.augment.decoding import Decoding, Lengths
 from stages.augment.engines import Translator, TranslatorPool
 from stages.augment.noise import NoiseSettings, noise_kind, noise_variants
-from stages.augment.quality import quality_signals
+from stages.augment.quality import candidate_id, quality_signals
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,9 @@ def translate_texts(
             [len(x) for x in ids], batching.max_tokens, batching.max_sentences, todo
         )
         # Per-pass progress only where a pass is long; shard progress covers the rest.
-        bar = Progress(label, total=len(todo), unit="sentences", enabled=progress and len(todo) >= 5000)
+        bar = Progress(
+            label, total=len(todo), unit="sentences", enabled=progress and len(todo) >= 5000
+        )
         for batch in plan:
             batch_texts = [todo[i] for i in batch]
             batch_ids = [ids[i] for i in batch]
@@ -120,13 +122,6 @@ def translate_texts(
             bar.advance(done=len(batch), rows=len(batch))
         bar.close()
     return results, counts
-
-
-def candidate_id(
-    sentence_id: str, route: str, model: str, decoding: str, noise: str, index: int
-) -> str:
-    parts = "\x1f".join([sentence_id, route, model, decoding, noise, str(index)])
-    return hashlib.blake2b(parts.encode(), digest_size=8).hexdigest()
 
 
 def backtranslate_shard(

@@ -347,28 +347,37 @@ def _score_rules(
     valid = ids >= 0  # (b, k)
     # One integer code per distinct normalised text among the rows involved (exact, no hashing).
     uniq = np.unique(np.concatenate([anchors, ids[valid]]))  # (u,)
-    uniq_norm = [normalize(texts[int(i)]) for i in uniq]
+    take = getattr(texts, "take", None)  # a columnar corpus hands over many rows at once
+    raw = take(uniq) if take is not None else [texts[int(i)] for i in uniq]
+    uniq_norm = [normalize(t) for t in raw]
+    norm_arr = np.empty(len(uniq_norm), dtype=object)  # (u,) for C-speed gathers below
+    norm_arr[:] = uniq_norm
     code_of: dict[str, int] = {}
     uniq_code = np.array([code_of.setdefault(t, len(code_of)) for t in uniq_norm], dtype=np.int64)
     anchor_pos = np.searchsorted(uniq, anchors)  # (b,)
-    cand_code = np.full((b, k), -1, dtype=np.int64)  # (b, k)
-    cand_code[valid] = uniq_code[np.searchsorted(uniq, ids[valid])]
+    cand_pos = np.zeros((b, k), dtype=np.int64)  # (b, k) index into uniq
+    cand_pos[valid] = np.searchsorted(uniq, ids[valid])
+    cand_code = np.where(valid, uniq_code[cand_pos], -1)  # (b, k)
 
     is_self = valid & (ids == anchors[:, None])
     is_exact = valid & ~is_self & (cand_code == uniq_code[anchor_pos][:, None])
+    # One key per (row, code); an invalid slot's code -1 gives a key no real pair can have.
+    stride = len(code_of) + 1
+    aug_keys = [
+        r * stride + code_of[t] for r, norms in enumerate(aug_norms) for t in norms if t in code_of
+    ]
     is_aug = np.zeros((b, k), dtype=bool)
-    for r, norms in enumerate(aug_norms):
-        codes = [code_of[t] for t in norms if t in code_of]
-        if codes:
-            is_aug[r] = valid[r] & ~is_self[r] & ~is_exact[r] & np.isin(cand_code[r], codes)
+    if aug_keys:
+        row_key = np.arange(b, dtype=np.int64)[:, None] * stride + cand_code  # (b, k)
+        is_aug = valid & ~is_self & ~is_exact & np.isin(row_key, np.array(aug_keys, np.int64))
     todo = valid & ~is_self & ~is_exact & ~is_aug
 
     is_near = np.zeros((b, k), dtype=bool)
     if threshold is not None and todo.any():
         rows, cols = np.nonzero(todo)
         ratio = process.cpdist(
-            [uniq_norm[int(j)] for j in anchor_pos[rows]],
-            [uniq_norm[int(j)] for j in np.searchsorted(uniq, ids[rows, cols])],
+            norm_arr[anchor_pos[rows]].tolist(),
+            norm_arr[cand_pos[rows, cols]].tolist(),
             scorer=fuzz.ratio,
             score_cutoff=threshold,
             workers=workers,

@@ -16,6 +16,7 @@ at once, so tests can check retries, rate limits, concurrency and that the key w
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -168,16 +169,18 @@ class FaultyChatServer:
         with self.lock:
             self._count(kind)
         if kind == "429":
-            self._send(req, 429, {"error": {"message": "rate limited", "type": "rate_limit"}},
-                       {"Retry-After": "0"})
+            self._send(
+                req,
+                429,
+                {"error": {"message": "rate limited", "type": "rate_limit"}},
+                {"Retry-After": "0"},
+            )
         elif kind == "500":
             self._send(req, 500, {"error": {"message": "internal error"}})
         elif kind == "timeout":
             time.sleep(self.slow_seconds)
-            try:
+            with contextlib.suppress(OSError):  # the client has given up and closed
                 self._send(req, 200, {"choices": []})
-            except OSError:
-                pass
         else:
             raw = b'{"id": "chatcmpl-broken", "choices": [{"message": '
             req.send_response(200)
@@ -187,7 +190,9 @@ class FaultyChatServer:
             req.wfile.write(raw)
 
     @staticmethod
-    def _send(req: BaseHTTPRequestHandler, status: int, obj: dict, headers: dict | None = None) -> None:
+    def _send(
+        req: BaseHTTPRequestHandler, status: int, obj: dict, headers: dict | None = None
+    ) -> None:
         raw = json.dumps(obj).encode()
         req.send_response(status)
         req.send_header("Content-Type", "application/json")

@@ -6,7 +6,7 @@ import json
 
 import pyarrow.compute as pc
 import pytest
-from conftest import make_sentences, write_sentences
+from augment_helpers import make_sentences, write_sentences
 
 import stages.augment.engines as engines
 from pipeline import schemas as S
@@ -28,7 +28,11 @@ def counted(monkeypatch):
 
         class Counting:
             def __init__(self) -> None:
-                self.ref, self.settings, self.tokenizer = translator.ref, translator.settings, translator.tokenizer
+                self.ref, self.settings, self.tokenizer = (
+                    translator.ref,
+                    translator.settings,
+                    translator.tokenizer,
+                )
 
             def encode(self, texts, max_tokens):
                 return translator.encode(texts, max_tokens)
@@ -44,7 +48,9 @@ def counted(monkeypatch):
     return calls
 
 
-def config(tmp_path, copy_marian, tiny_marian, name="candidates", input="sentences", **kw) -> BacktranslateConfig:
+def config(
+    tmp_path, copy_marian, tiny_marian, name="candidates", input="sentences", **kw
+) -> BacktranslateConfig:
     values = {
         "input": str(tmp_path / input),
         "output": str(tmp_path / name),
@@ -108,8 +114,11 @@ def test_stage_writes_scored_candidates_and_accounts_for_every_translation(
         if r[S.NOISE] == "none":
             assert r[S.NOISED_TEXT] == by_id[r[S.ID]]
     decodings = {r[S.DECODING] for r in rows}
-    assert decodings == {"greedy", "sample(top_k=10,top_p=1.0,temperature=1.0)#0",
-                         "sample(top_k=10,top_p=1.0,temperature=1.0)#1"}
+    assert decodings == {
+        "greedy",
+        "sample(top_k=10,top_p=1.0,temperature=1.0)#0",
+        "sample(top_k=10,top_p=1.0,temperature=1.0)#1",
+    }
     assert metrics["noise"]["insert"] + metrics["noise"]["mask"] == 120
     assert metrics["routes"]["en-xx-en"]["identical"] >= 60
     assert metrics["standin"] is False
@@ -118,7 +127,9 @@ def test_stage_writes_scored_candidates_and_accounts_for_every_translation(
     assert on_disk == metrics
 
 
-def test_rerun_and_overlapping_corpus_translate_nothing_twice(tmp_path, copy_marian, tiny_marian, counted):
+def test_rerun_and_overlapping_corpus_translate_nothing_twice(
+    tmp_path, copy_marian, tiny_marian, counted
+):
     texts = make_sentences(40, seed=4)
     write_sentences(tmp_path / "sentences", texts, rows_per_shard=20)
     first = run(config(tmp_path, copy_marian, tiny_marian), LocalExecutor(), progress=False)
@@ -126,9 +137,14 @@ def test_rerun_and_overlapping_corpus_translate_nothing_twice(tmp_path, copy_mar
     assert performed == first["translations"]["performed"] > 0
 
     counted["texts"] = 0
-    again = run(config(tmp_path, copy_marian, tiny_marian, name="again"), LocalExecutor(), progress=False)
+    again = run(
+        config(tmp_path, copy_marian, tiny_marian, name="again"), LocalExecutor(), progress=False
+    )
     assert counted["texts"] == 0 and again["translations"]["performed"] == 0
-    assert again["translations"]["cache_hits"] == first["translations"]["requested"] - first["translations"]["dedup_saved"]
+    assert (
+        again["translations"]["cache_hits"]
+        == first["translations"]["requested"] - first["translations"]["dedup_saved"]
+    )
     a = open_dataset(tmp_path / "candidates", S.CANDIDATES).read_table()
     b = open_dataset(tmp_path / "again", S.CANDIDATES).read_table()
     assert a.equals(b)  # samples included: they come from the cache
@@ -136,13 +152,19 @@ def test_rerun_and_overlapping_corpus_translate_nothing_twice(tmp_path, copy_mar
     # Another corpus: half of it seen before; only the new half is translated.
     write_sentences(tmp_path / "other", texts[20:] + make_sentences(20, seed=99), rows_per_shard=20)
     counted["texts"] = 0
-    other = run(config(tmp_path, copy_marian, tiny_marian, name="other_out", input="other"), LocalExecutor(), progress=False)
+    other = run(
+        config(tmp_path, copy_marian, tiny_marian, name="other_out", input="other"),
+        LocalExecutor(),
+        progress=False,
+    )
     assert 0 < other["translations"]["performed"] == counted["texts"]
     assert other["translations"]["cache_hits"] > 0
     assert other["translations"]["performed"] < first["translations"]["performed"]
 
 
-def test_complete_output_is_not_recomputed_and_changed_params_recompute(tmp_path, copy_marian, tiny_marian, counted):
+def test_complete_output_is_not_recomputed_and_changed_params_recompute(
+    tmp_path, copy_marian, tiny_marian, counted
+):
     write_sentences(tmp_path / "sentences", make_sentences(12, seed=5), rows_per_shard=6)
     cfg = config(tmp_path, copy_marian, tiny_marian, cache=None)
     run(cfg, LocalExecutor(), progress=False)
@@ -151,7 +173,9 @@ def test_complete_output_is_not_recomputed_and_changed_params_recompute(tmp_path
     run(cfg, LocalExecutor(), progress=False)
     assert counted["texts"] == done  # complete and unchanged: nothing to do
     assert json.loads((tmp_path / "candidates/_manifest.json").read_text()) == manifest
-    changed = config(tmp_path, copy_marian, tiny_marian, cache=None, noise={"copies": 1, "vocabulary": ["the"]})
+    changed = config(
+        tmp_path, copy_marian, tiny_marian, cache=None, noise={"copies": 1, "vocabulary": ["the"]}
+    )
     metrics = run(changed, LocalExecutor(), progress=False)
     assert counted["texts"] > done and metrics["noise"]["insert"] + metrics["noise"]["mask"] == 12
 
@@ -161,13 +185,27 @@ def test_standin_models_are_built_and_flagged_in_the_manifest(tmp_path, copy_mar
     write_sentences(tmp_path / "sentences", texts, rows_per_shard=40)
     models = tmp_path / "models/standin"
     written = run_standin(
-        StandinConfig(input=str(tmp_path / "sentences"), output=str(models), pairs=["en-zz", "zz-en"],
-                      vocab_size=300, neighbours_from=None)
+        StandinConfig(
+            input=str(tmp_path / "sentences"),
+            output=str(models),
+            pairs=["en-zz", "zz-en"],
+            vocab_size=300,
+            neighbours_from=None,
+        )
     )
     assert set(written) == {"en-zz", "zz-en"} and (models / "README.md").exists()
-    cfg = config(tmp_path, copy_marian, tiny_marian, routes=[
-        {"name": "en-zz-en", "forward": str(models / "opus-mt-en-zz"), "backward": str(models / "opus-mt-zz-en")}
-    ])
+    cfg = config(
+        tmp_path,
+        copy_marian,
+        tiny_marian,
+        routes=[
+            {
+                "name": "en-zz-en",
+                "forward": str(models / "opus-mt-en-zz"),
+                "backward": str(models / "opus-mt-zz-en"),
+            }
+        ],
+    )
     metrics = run(cfg, LocalExecutor(), progress=False)
     manifest = open_dataset(tmp_path / "candidates", S.CANDIDATES).manifest
     assert manifest["standin"]["note"].startswith("STAND-IN MODEL, NOT A TRANSLATION MODEL")

@@ -9,16 +9,13 @@ import pytest
 
 from pipeline.errors import ConfigError
 from stages.augment.decoding import Decoding
-from stages.augment.engines import (
-    TransformersTranslator,
-    convert_ctranslate2,
-    engine_settings,
-    load_translator,
-    resolve_translation_model,
-)
+from stages.augment.engines import TransformersTranslator, engine_settings, load_translator
+from stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
+
+GREEDY = Decoding()
 
 
-def translate_all(translator, texts, decoding=Decoding(), seed=0, max_new=64):
+def translate_all(translator, texts, decoding=GREEDY, seed=0, max_new=64):
     ids = translator.encode(texts, 64)
     return translator.translate(ids, decoding, max_new=max_new, min_new=0, seed=seed)
 
@@ -51,7 +48,9 @@ def test_min_and_max_length_give_fixed_output_length(tiny_marian, tmp_path):
         assert all(0 < len(t) <= 9 for t in tokens), tokens
 
 
-def test_ctranslate2_conversion_is_cached_by_revision_and_quantization(tiny_marian, model_copy, tmp_path):
+def test_ctranslate2_conversion_is_cached_by_revision_and_quantization(
+    tiny_marian, model_copy, tmp_path
+):
     models_dir = str(tmp_path / "ct2")
     ref = resolve_translation_model(str(model_copy(tiny_marian)))
     folder, converted = convert_ctranslate2(ref, "int8", models_dir)
@@ -96,7 +95,9 @@ def test_sampling_and_beam_return_n_candidates_reproducibly(tiny_marian, corpus,
 def test_engine_settings_resolve_auto_and_refuse_bad_combinations(tmp_path):
     s = engine_settings("ctranslate2", "cpu", "auto", 0, str(tmp_path))
     assert s.compute_type == "int8" and s.threads >= 1
-    assert engine_settings("transformers", "cpu", "auto", 2, str(tmp_path)).compute_type == "float32"
+    assert (
+        engine_settings("transformers", "cpu", "auto", 2, str(tmp_path)).compute_type == "float32"
+    )
     with pytest.raises(ConfigError, match="int8.*not available for transformers on cpu"):
         engine_settings("transformers", "cpu", "int8", 1, str(tmp_path))
     with pytest.raises(ConfigError, match="float16.*ctranslate2 on cpu"):

@@ -36,13 +36,22 @@ def test_plan_batches_covers_every_item_once_within_budget(lengths, max_tokens, 
     # Memoryless at batch boundaries: planning what is left after k batches gives the rest.
     for k in range(len(batches)):
         rest = [i for b in batches[k:] for i in b]
-        again = plan_batches([lengths[i] for i in rest], max_tokens, max_sentences, [keys[i] for i in rest])
+        again = plan_batches(
+            [lengths[i] for i in rest], max_tokens, max_sentences, [keys[i] for i in rest]
+        )
         assert [[rest[j] for j in b] for b in again] == batches[k:]
 
 
 def _settings(**kw) -> NoiseSettings:
-    base = dict(copies=3, kinds=("insert", "mask"), min_words=1, max_words=2,
-                vocabulary=("the", "of", "and"), mask_token="<unk>", seed=5)
+    base = dict(
+        copies=3,
+        kinds=("insert", "mask"),
+        min_words=1,
+        max_words=2,
+        vocabulary=("the", "of", "and"),
+        mask_token="<unk>",
+        seed=5,
+    )
     return NoiseSettings(**{**base, **kw})
 
 

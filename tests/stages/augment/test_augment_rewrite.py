@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
+from augment_helpers import make_sentences, write_params, write_sentences
 from augment_openai_server import PROMPT_PREFIX, FaultyChatServer, content_fault, good_rewrite
-from conftest import make_sentences, write_params, write_sentences
 
 from pipeline import schemas as S
 from pipeline.errors import ConfigError, PairforgeError
@@ -16,7 +15,7 @@ from pipeline.runner import LocalExecutor
 from pipeline.shards import open_dataset
 from stages.augment.llm import ChatClient, ChatSettings, Validation, validate_rewrite
 from stages.rewrite import RewriteConfig, run
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 
 KEY = "sk-test-SECRET-4f9a2c7e1b"
 CONTENT_REASON = {
@@ -50,7 +49,9 @@ def settings(tmp_path, server, **kw) -> dict:
     }
 
 
-def test_faults_every_row_ends_rewritten_or_quarantined_and_rerun_sends_nothing(tmp_path, monkeypatch):
+def test_faults_every_row_ends_rewritten_or_quarantined_and_rerun_sends_nothing(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
     texts = make_sentences(90, seed=11)
     write_sentences(tmp_path / "sentences", texts, rows_per_shard=30)
@@ -69,23 +70,39 @@ def test_faults_every_row_ends_rewritten_or_quarantined_and_rerun_sends_nothing(
             if fault is None:
                 row = by_text[text]
                 assert row[S.TEXT] == good_rewrite(text)
-                assert (row[S.ROUTE], row[S.ENGINE], row[S.MODEL]) == ("llm", "openai", "test-model")
+                assert (row[S.ROUTE], row[S.ENGINE], row[S.MODEL]) == (
+                    "llm",
+                    "openai",
+                    "test-model",
+                )
                 assert not row[S.IDENTICAL] and row[S.PIVOT] is None
             else:
                 assert quarantined[text][S.REASON] == CONTENT_REASON[fault]
                 assert quarantined[text][S.DETAIL].startswith("id=")
         assert metrics["rejected"]["request_failed"] == 0  # 8 retries outlast a 30% fault rate
-        transient = sum(v for k, v in server.by_outcome.items() if k in ("429", "500", "timeout", "malformed"))
-        assert transient > 0 and sum(metrics["retries"][k] for k in ("429", "5xx", "timeout", "malformed")) == transient
+        transient = sum(
+            v for k, v in server.by_outcome.items() if k in ("429", "500", "timeout", "malformed")
+        )
+        assert (
+            transient > 0
+            and sum(metrics["retries"][k] for k in ("429", "5xx", "timeout", "malformed"))
+            == transient
+        )
         assert metrics["requests_sent"] == first_requests
         assert metrics["tokens"]["prompt"] > 0 and metrics["cost_usd"] > 0
 
         server.reset_counts()
-        again = run(RewriteConfig.model_validate(settings(tmp_path, server, name="again")), LocalExecutor(), progress=False)
+        again = run(
+            RewriteConfig.model_validate(settings(tmp_path, server, name="again")),
+            LocalExecutor(),
+            progress=False,
+        )
         assert server.requests == 0 and again["requests_sent"] == 0
         assert again["cache_hits"] == len(set(texts)) and again["cost_saved_by_cache_usd"] > 0
-        assert open_dataset(tmp_path / "again", S.CANDIDATES).read_table().equals(
-            open_dataset(tmp_path / "rewrites", S.CANDIDATES).read_table()
+        assert (
+            open_dataset(tmp_path / "again", S.CANDIDATES)
+            .read_table()
+            .equals(open_dataset(tmp_path / "rewrites", S.CANDIDATES).read_table())
         )
 
 
@@ -94,7 +111,11 @@ def test_retries_exhausted_are_quarantined_and_retried_on_the_next_run(tmp_path,
     texts = make_sentences(20, seed=12)
     write_sentences(tmp_path / "sentences", texts, rows_per_shard=20)
     with FaultyChatServer(transient_rate=1.0, faults=("500", "429")) as server:
-        metrics = run(RewriteConfig.model_validate(settings(tmp_path, server, max_retries=1)), LocalExecutor(), progress=False)
+        metrics = run(
+            RewriteConfig.model_validate(settings(tmp_path, server, max_retries=1)),
+            LocalExecutor(),
+            progress=False,
+        )
         assert metrics["rejected"]["request_failed"] == 20 and metrics["rewritten"] == 0
         assert server.requests == 40 and metrics["retries"]["exhausted"] == 20
         bad = open_dataset(tmp_path / "quarantine/rewrite", S.QUARANTINE).read_table().to_pylist()
@@ -102,7 +123,11 @@ def test_retries_exhausted_are_quarantined_and_retried_on_the_next_run(tmp_path,
         server.transient_rate = 0.0
         server.reset_counts()
         # Failures are not cached: a new run asks again, and now succeeds.
-        metrics = run(RewriteConfig.model_validate(settings(tmp_path, server, name="second")), LocalExecutor(), progress=False)
+        metrics = run(
+            RewriteConfig.model_validate(settings(tmp_path, server, name="second")),
+            LocalExecutor(),
+            progress=False,
+        )
         assert server.requests == 20 and metrics["rewritten"] == 20
 
 
@@ -110,7 +135,11 @@ def test_concurrency_and_rate_limits_hold(tmp_path, monkeypatch):
     monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
     write_sentences(tmp_path / "sentences", make_sentences(12, seed=13), rows_per_shard=12)
     with FaultyChatServer(delay=0.15) as server:
-        run(RewriteConfig.model_validate(settings(tmp_path, server, concurrency=3)), LocalExecutor(), progress=False)
+        run(
+            RewriteConfig.model_validate(settings(tmp_path, server, concurrency=3)),
+            LocalExecutor(),
+            progress=False,
+        )
         assert 1 < server.max_in_flight <= 3
     write_sentences(tmp_path / "more", make_sentences(8, seed=14), rows_per_shard=8)
     with FaultyChatServer() as server:
@@ -143,11 +172,16 @@ def test_rate_limiter_spaces_acquisitions_across_threads():
     for t in threads:
         t.join()
     times.sort()
-    assert len(times) == 12 and min(b - a for a, b in zip(times, times[1:])) >= 0.05 * 0.9
+    assert (
+        len(times) == 12
+        and min(b - a for a, b in zip(times, times[1:], strict=False)) >= 0.05 * 0.9
+    )
 
 
 def test_disabled_writes_empty_complete_datasets(tmp_path):
-    cfg = RewriteConfig(output=str(tmp_path / "r"), quarantine=str(tmp_path / "q"), metrics=str(tmp_path / "m.json"))
+    cfg = RewriteConfig(
+        output=str(tmp_path / "r"), quarantine=str(tmp_path / "q"), metrics=str(tmp_path / "m.json")
+    )
     metrics = run(cfg, LocalExecutor(), progress=False)
     assert metrics["enabled"] is False and metrics["rows_in"] == 0 and metrics["requests_sent"] == 0
     assert open_dataset(tmp_path / "r", S.CANDIDATES).num_rows == 0
@@ -159,7 +193,11 @@ def test_bad_key_setup_fails_in_one_line_without_echoing(tmp_path, monkeypatch):
     with FaultyChatServer() as server:
         base = settings(tmp_path, server)
         with pytest.raises(ConfigError, match="NAME of an environment variable") as exc:
-            run(RewriteConfig.model_validate({**base, "api_key_env": KEY}), LocalExecutor(), progress=False)
+            run(
+                RewriteConfig.model_validate({**base, "api_key_env": KEY}),
+                LocalExecutor(),
+                progress=False,
+            )
         assert KEY not in str(exc.value)
         monkeypatch.delenv("PAIRFORGE_TEST_KEY", raising=False)
         with pytest.raises(ConfigError, match="PAIRFORGE_TEST_KEY .* is not set"):
@@ -169,8 +207,26 @@ def test_bad_key_setup_fails_in_one_line_without_echoing(tmp_path, monkeypatch):
 def test_authentication_failure_stops_with_a_clear_error(monkeypatch):
     monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
     with FaultyChatServer() as server:
-        server.httpd.RequestHandlerClass.do_POST = lambda self: server._send(self, 401, {"error": {"message": f"bad key {KEY}"}})
-        client = ChatClient(ChatSettings(server.base_url, "m", "PAIRFORGE_TEST_KEY", "{text}", None, 1.0, 16, 1.0, 3, 0.01, 0.05, 1, 0))
+        server.httpd.RequestHandlerClass.do_POST = lambda self: server._send(
+            self, 401, {"error": {"message": f"bad key {KEY}"}}
+        )
+        client = ChatClient(
+            ChatSettings(
+                server.base_url,
+                "m",
+                "PAIRFORGE_TEST_KEY",
+                "{text}",
+                None,
+                1.0,
+                16,
+                1.0,
+                3,
+                0.01,
+                0.05,
+                1,
+                0,
+            )
+        )
         with pytest.raises(PairforgeError, match="answered 401") as exc:
             client.complete([{"role": "user", "content": "hi"}])
         assert KEY not in str(exc.value) and server.requests == 0  # handler replaced: no counting
@@ -197,23 +253,25 @@ def test_validation_reasons(answer, reason):
         assert cleaned == "The sea is calm today, they said."
 
 
-def test_the_key_never_reaches_a_file_or_log(tmp_path):
+def test_the_key_never_reaches_a_file_or_log(tmp_path, monkeypatch):
     """The CLI in a subprocess, key in the environment: no file it writes, and neither its stdout
     nor its stderr, contains the key."""
     project = tmp_path / "project"
     project.mkdir()
-    write_sentences(project / "data/sentences", make_sentences(25, seed=16), rows_per_shard=10)
+    write_sentences(project / "sentences", make_sentences(25, seed=16), rows_per_shard=10)
     with FaultyChatServer(transient_rate=0.3, content_rate=0.3, seed=2, slow_seconds=0.8) as server:
         params = settings(project, server)
-        params = {k: (os.path.relpath(v, project) if isinstance(v, str) and v.startswith(str(project)) else v)
-                  for k, v in params.items()}
+        params = {
+            k: (
+                os.path.relpath(v, project)
+                if isinstance(v, str) and v.startswith(str(project))
+                else v
+            )
+            for k, v in params.items()
+        }
         write_params(project / "params.yaml", {"rewrite": params})
-        env_key = {"PAIRFORGE_TEST_KEY": KEY}
-        os.environ.update(env_key)
-        try:
-            result = run_cli(["rewrite"], cwd=project)
-        finally:
-            del os.environ["PAIRFORGE_TEST_KEY"]
+        monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
+        result = run_cli(["rewrite"], cwd=project)
         assert result.returncode == 0, result.stderr
         assert server.auth_headers == {f"Bearer {KEY}"}
     assert "rewrite:" in result.stderr and KEY not in result.stdout + result.stderr
@@ -223,4 +281,3 @@ def test_the_key_never_reaches_a_file_or_log(tmp_path):
         assert KEY.encode() not in path.read_bytes(), path
     metrics = json.loads((project / "metrics/rewrite.json").read_text())
     assert metrics["rows_in"] == 25 == metrics["rewritten"] + metrics["rejected_total"]
-    assert sys.executable and ROOT.exists()

@@ -16,6 +16,7 @@ import yaml
 from pipeline import schemas as S
 from pipeline.shards import DatasetWriter
 from pipeline.text import sentence_id
+from stages.mining.inputs import write_vectors
 
 WORDS = [
     "the",
@@ -221,7 +222,8 @@ def write_embeddings(
     start = 0
     for i, rows in enumerate(shard_rows):
         flat = pa.array(vectors[start : start + rows].ravel(), pa.float32())
-        w.write(
+        write_vectors(
+            w,
             i,
             pa.table(
                 {

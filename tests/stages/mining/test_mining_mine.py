@@ -207,3 +207,15 @@ def test_pools_table_reads_back_with_the_schema(project):
     run(_cfg(project, k=12), progress=False)
     table = open_dataset(project / "data/pools", S.POOLS).read_shard(0)
     assert table.schema.field(S.POOL_COS).type == pa.list_(pa.float32())
+
+
+def test_anchor_batches_do_not_change_the_pools(project, tmp_path):
+    run(_cfg(project, k=16, min_pool=4), progress=False)
+    whole = open_dataset(project / "data/pools", S.POOLS)
+    other = _cfg(project, k=16, min_pool=4, anchor_batch=7, output=str(tmp_path / "pools"))
+    run(other, progress=False)
+    batched = open_dataset(tmp_path / "pools", S.POOLS)
+    assert batched.read_table().equals(whole.read_table())
+    assert (
+        batched.manifest["fingerprint"] == whole.manifest["fingerprint"]
+    )  # not a param of the result

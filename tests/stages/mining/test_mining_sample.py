@@ -397,3 +397,12 @@ def test_export_layouts(sampled, tmp_path):
             assert first["negative"] in row[S.NEGATIVE_TEXTS]
     bad = runner.invoke(app, ["export", "--input", str(root / "data/pairs"), "--format", "csv"])
     assert bad.exit_code == 2 and "allowed values: triplet, n-tuple, pair" in bad.output
+
+
+def test_small_anchor_batches_cover_every_anchor(mined, tmp_path):
+    root = copy_project(mined, tmp_path)
+    metrics = run(_cfg(root, anchor_batch=7), progress=False)
+    table = open_dataset(root / "data/pairs", S.PAIRS).read_table()
+    sentences = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])
+    assert table[S.ID].equals(sentences[S.ID])
+    assert metrics["counts"]["anchors"] == 240 and metrics["rows"] == 240
