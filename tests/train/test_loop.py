@@ -179,3 +179,26 @@ def test_the_paper_profile_holds_each_papers_settings():
         0.999,
     )
     assert paper.model == "bert-base-uncased"
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step(
+    tmp_path, pairs, tiny_model_dir, sts_dir, monkeypatch
+):
+    import torch
+
+    from train.objectives.simcse import SimCSE
+
+    forward, calls = SimCSE.forward, [0]
+
+    def poisoned(self, batch, encoder):
+        calls[0] += 1
+        out = forward(self, batch, encoder)
+        return {**out, "loss": out["loss"] * float("nan")} if calls[0] == 3 else out
+
+    monkeypatch.setattr(SimCSE, "forward", poisoned)
+    cfg = config(tmp_path, tiny_model_dir, sts_dir, "simcse", pairs, log_every=5, save_every=4)
+    with pytest.raises(PairforgeError, match="the loss is nan at step 3; lower the learning rate"):
+        T.run(cfg, progress=False)
+    # Checked before the step-4 checkpoint: no checkpoint holds the NaN weights.
+    assert not list((tmp_path / "models/simcse/checkpoints").glob("step-*"))
+    assert torch.get_num_threads() == 1  # the run restored the process's settings
