@@ -101,7 +101,7 @@ def load_mlm_model(spec: str, seed: int = 0):
     import transformers
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
-    pass  # torch.manual_seed(seed)
+    torch.manual_seed(seed)
 
     where = resolve_model(spec)
     verbosity = transformers.logging.get_verbosity()

@@ -296,7 +296,7 @@ def command(
     params: ParamsOpt = "params.yaml",
     progress: ProgressOpt = True,
 ) -> None:
-    """Train sentence encoders on the pairs dataset, one per objective, resumably.
+    """Train a sentence encoder with one objective on the pairs dataset, resumably.
 
     Every option defaults to the key of the same name in the `train` section of params.yaml;
     per-objective settings live in `train.recipes.<objective>`.
