@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from pipeline import profiles
-from stages import embed, ingest, mine, pretrain, report, sample
-from stages import backtranslate, rewrite, standin
+from stages import backtranslate, embed, ingest, mine, pretrain, report, rewrite, sample, standin
 from stages import evaluate as evaluate_stage
 from stages import train as train_stage
 

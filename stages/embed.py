@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import typer
 from pydantic import Field
 
@@ -30,7 +31,14 @@ from pipeline.config import StageConfig, stage_config
 from pipeline.models import DEFAULT_PROMPT
 from pipeline.progress import Progress
 from pipeline.shards import MANIFEST, Dataset, DatasetWriter, atomic_write_json, open_dataset
-from stages.mining.inputs import ENCODER_KEY, embeddings_layout, fingerprint, write_vectors
+from stages.mining.inputs import (
+    ENCODER_KEY,
+    embeddings_layout,
+    fingerprint,
+    load_vectors,
+    open_embeddings,
+    write_vectors,
+)
 
 log = logging.getLogger("pairforge")
 
@@ -81,18 +89,30 @@ def embed_shard(
     id_column: str = S.ID,
     vector_dtype: str = "float32",
     progress: Any = None,
+    known: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> pa.Table:
     """A shard of texts (``id_column``, ``text``) -> its ``embeddings`` table, row for row.
 
-    Equal texts are encoded once. ``vector_dtype`` is the stored component type.
+    Equal texts are encoded once. ``known = (mask, vectors)`` gives the vectors of the rows in
+    ``mask`` (``(n,)`` bool; ``vectors`` ``(mask.sum(), d)``), which are then not encoded: a
+    candidate identical to its source sentence reuses the sentence's vector. ``vector_dtype`` is
+    the stored component type.
     """
     texts = table[S.TEXT].to_pylist()
+    n = len(texts)
+    mask = known[0] if known is not None else np.zeros(n, dtype=bool)
+    todo = np.flatnonzero(~mask)
     first: dict[str, int] = {}
-    inverse = np.fromiter((first.setdefault(t, len(first)) for t in texts), np.int64, len(texts))
+    inverse = np.fromiter(
+        (first.setdefault(texts[i], len(first)) for i in todo), np.int64, len(todo)
+    )
     unique = list(first)
-    vectors = encoder.encode(unique, progress)[inverse]  # (n, d)
-    if progress is not None and len(unique) < len(texts):
-        progress(len(texts) - len(unique))
+    vectors = np.empty((n, encoder.dim), dtype=np.float32)  # (n, d)
+    vectors[todo] = encoder.encode(unique, progress)[inverse]
+    if known is not None and mask.any():
+        vectors[mask] = known[1]
+    if progress is not None and len(unique) < n:
+        progress(n - len(unique))
     value = pa.float16() if vector_dtype == "float16" else pa.float32()
     flat = pa.array(vectors.astype(np.float16 if vector_dtype == "float16" else np.float32).ravel())
     column = pa.FixedSizeListArray.from_arrays(flat.cast(value), encoder.dim)
@@ -157,6 +177,33 @@ class _LazyEncoder:
         return self.encoder
 
 
+class _SentenceVectors:
+    """The sentence vectors of candidates equal to their source sentence (back-translation
+    often returns the input: ~19% of the demo's candidates), loaded once when first needed."""
+
+    def __init__(self, cfg: EmbedConfig, sentences: Dataset) -> None:
+        self.cfg = cfg
+        table = sentences.read_table([S.ID, S.TEXT])
+        self.ids = table[S.ID].combine_chunks()
+        self.texts = table[S.TEXT].combine_chunks()
+        self.vectors: np.ndarray | None = None
+
+    def __call__(self, candidates: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        rows = pc.index_in(candidates[S.ID], value_set=self.ids)  # null: no such sentence
+        same = pc.fill_null(pc.equal(self.texts.take(rows), candidates[S.TEXT]), False)
+        mask = same.to_numpy(zero_copy_only=False)
+        if not mask.any():
+            return mask, np.empty((0, 0), dtype=np.float32)
+        if self.vectors is None:
+            vectors = load_vectors(open_embeddings(self.cfg.output), self.ids)
+            # Stored as float16 anyway: keep them so (half the memory, the same stored values).
+            self.vectors = (
+                vectors.astype(np.float16) if self.cfg.vector_dtype == "float16" else vectors
+            )
+        picked = rows.fill_null(0).to_numpy(zero_copy_only=False)[mask]
+        return mask, self.vectors[picked].astype(np.float32)
+
+
 def _finished(path: str, fp: str) -> dict[str, Any] | None:
     """The manifest of ``path`` when it is complete with fingerprint ``fp``."""
     manifest = Path(path) / MANIFEST
@@ -179,10 +226,18 @@ def _embed_dataset(
     known: dict[str, Any] | None,
     progress: bool,
     status: str,
+    reuse: Any = None,
+    also: Dataset | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Embed one dataset (or write an empty one); returns (encoder info, metrics)."""
+    """Embed one dataset (or write an empty one); returns (encoder info, metrics).
+
+    ``reuse(table)`` returns the ``known`` vectors of a shard (see ``embed_shard``); ``also`` is
+    a dataset those vectors depend on, for the fingerprint.
+    """
     params = _params(cfg)
-    fp = fingerprint(STAGE, {**params, "dataset": name, "status": status}, {"input": source})
+    fp = fingerprint(
+        STAGE, {**params, "dataset": name, "status": status}, {"input": source, "also": also}
+    )
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0
     if done is not None:
@@ -204,14 +259,19 @@ def _embed_dataset(
     todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
     bar = Progress(f"embed/{name}", total=todo_rows, unit="rows", enabled=progress)
     start = time.monotonic()
+    reused = 0
     for i in todo:
-        table = source.read_shard(i, [id_column, S.TEXT])
+        columns = [id_column, S.TEXT] + ([S.ID] if reuse is not None and id_column != S.ID else [])
+        table = source.read_shard(i, columns)
+        known = reuse(table) if reuse is not None else None
+        reused += int(known[0].sum()) if known is not None else 0
         result = embed_shard(
             table,
             lazy.get(),
             id_column=id_column,
             vector_dtype=cfg.vector_dtype,
             progress=lambda n: bar.advance(done=n, rows=n),
+            known=known,
         )
         write_vectors(writer, i, result, {"rows": result.num_rows})
     seconds = time.monotonic() - start
@@ -230,6 +290,7 @@ def _embed_dataset(
         "computed_shards": len(todo),
         "seconds": round(seconds, 3),
         "rows_per_second": round(todo_rows / seconds, 1) if seconds > 0 and todo_rows else None,
+        "reused_sentence_vectors": reused,
         "status": status,
     }
 
@@ -252,6 +313,8 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         info,
         progress,
         status,
+        reuse=_SentenceVectors(cfg, sentences),
+        also=sentences,
     )
     dim, dtype = embeddings_layout(cfg.output)
     metrics = {

@@ -34,18 +34,24 @@ from pydantic import Field, model_validator
 from pipeline import schemas as S
 from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, PairforgeError
+from pipeline.errors import PairforgeError
 from pipeline.progress import Progress
 from pipeline.shards import DatasetWriter, atomic_write_json, open_dataset
-from stages.mining.index import _default_nlist, build_index, measure_recall, search
-from stages.mining.inputs import ArrowTexts, fingerprint, load_vectors, open_embeddings
+from stages.mining.index import measure_recall
+from stages.mining.inputs import (
+    ArrowTexts,
+    fingerprint,
+    load_vectors,
+    open_embeddings,
+    own_augmentations,
+)
 from stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+from stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
 
 log = logging.getLogger("pairforge")
 
 STAGE = "mine"
 AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
-INDEX_FILE = "index.faiss"
 
 
 class MineConfig(StageConfig):
@@ -112,45 +118,6 @@ class MineConfig(StageConfig):
 
 
 # --- the pure per-shard function --------------------------------------------------------------
-
-
-class Searcher:
-    """Batched top-k search of corpus rows against an index built from exactly ``vectors``.
-
-    ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
-    8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
-    """
-
-    def __init__(
-        self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
-    ) -> None:
-        self.index = index
-        self.vectors = vectors  # (n, d) float32, row i is corpus row i
-        self.k = k
-        self.batch = batch
-        self.rescore = rescore
-
-    def neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded."""
-        scores, ids = search(self.index, self.vectors[rows], self.k, self.batch, norm_tol=None)
-        if not self.rescore:
-            return scores, ids
-        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
-        safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
-        exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
-        # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
-        faiss.fvec_inner_products_by_idx(
-            faiss.swig_ptr(exact),
-            faiss.swig_ptr(queries),
-            faiss.swig_ptr(self.vectors),
-            faiss.swig_ptr(safe),
-            queries.shape[1],
-            ids.shape[0],
-            ids.shape[1],
-        )
-        exact[ids < 0] = -np.inf
-        order = np.argsort(-exact, axis=1, kind="stable")
-        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
 def mine_shard(
@@ -230,119 +197,6 @@ def _threads(n: int) -> None:
         faiss.omp_set_num_threads(n)
 
 
-def _build(cfg: MineConfig, vectors: np.ndarray, work: Path) -> tuple[faiss.Index, dict[str, Any]]:
-    """The index (loaded from ``work`` when a killed run left it there) and its facts."""
-    n, d = vectors.shape
-    kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
-    use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
-    saved = work / INDEX_FILE
-    start = time.monotonic()
-    if kind != "flat" and saved.exists():
-        index = faiss.read_index(str(saved))
-        if use_gpu is not False and kind == "ivf":
-            from stages.mining.index import gpu_available
-
-            if gpu_available():
-                index = faiss.index_cpu_to_all_gpus(index)
-        loaded = True
-    else:
-        try:
-            index = build_index(
-                vectors,
-                kind,  # type: ignore[arg-type]
-                nlist=cfg.nlist,
-                nprobe=cfg.nprobe,
-                train_size=cfg.train_size if cfg.train_size else _train_size(n, cfg.nlist),
-                train_iterations=cfg.train_iterations,
-                ivf_codec=cfg.ivf_codec,
-                hnsw_m=cfg.hnsw_m,
-                ef_construction=cfg.ef_construction,
-                ef_search=cfg.ef_search,
-                use_gpu=use_gpu,  # type: ignore[arg-type]
-                seed=cfg.seed,
-            )
-        except (ValueError, RuntimeError) as exc:
-            raise ConfigError(
-                f"mine: cannot build a {kind} index over {n} vectors: {exc}"
-            ) from None
-        loaded = False
-        if kind != "flat":
-            work.mkdir(parents=True, exist_ok=True)
-            cpu = faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index
-            tmp = work / f".{INDEX_FILE}.tmp"
-            faiss.write_index(cpu, str(tmp))
-            tmp.replace(saved)
-    facts: dict[str, Any] = {
-        "kind": kind,
-        "n": n,
-        "dim": d,
-        "gpu": _on_gpu(index),
-        "build_seconds": round(time.monotonic() - start, 3),
-        "loaded_from_work": loaded,
-    }
-    ivf = _ivf(index)
-    if ivf is not None:
-        facts.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe), codec=cfg.ivf_codec)
-    if kind == "hnsw":
-        facts.update(hnsw_m=cfg.hnsw_m, ef_search=cfg.ef_search)
-    return index, facts
-
-
-def _train_size(n: int, nlist: int | None) -> int:
-    # 40 points per cell: just above faiss's own minimum of 39; more barely moves recall here
-    # and k-means time grows with it (benchmarks/mine.py).
-    return 40 * (nlist or _default_nlist(n))
-
-
-def _on_gpu(index: faiss.Index) -> bool:
-    return "Gpu" in type(index).__name__
-
-
-def _ivf(index: faiss.Index):
-    try:
-        return faiss.extract_index_ivf(index)
-    except (RuntimeError, TypeError):
-        return None
-
-
-def _flat_view(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
-    """The vectors stored inside a CPU flat index (no second copy in memory), else ``vectors``."""
-    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(vectors):
-        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
-        return view.reshape(index.ntotal, index.d)
-    return vectors
-
-
-def _augmentations(
-    cfg: MineConfig, sentence_ids: pa.Array
-) -> tuple[np.ndarray, pa.Array, dict[str, Any]]:
-    """Candidates sorted by their anchor's row: ``(anchor rows, texts, facts)``."""
-    empty = (np.empty(0, np.int64), pa.array([], pa.string()))
-    if cfg.candidates is None:
-        return *empty, {"status": "disabled", "rows": 0}
-    if not Path(cfg.candidates).exists():
-        log.warning(
-            "mine: no candidates dataset at %s: own augmentations cannot be excluded",
-            cfg.candidates,
-        )
-        return *empty, {"status": "absent", "rows": 0}
-    table = open_dataset(cfg.candidates, S.CANDIDATES).read_table([S.ID, S.TEXT])
-    anchor = pc.index_in(table[S.ID], value_set=sentence_ids)
-    orphans = anchor.null_count
-    keep = pc.is_valid(anchor)
-    rows = pc.filter(anchor, keep).to_numpy().astype(np.int64)
-    texts = pc.filter(table[S.TEXT], keep).combine_chunks()
-    order = np.argsort(rows, kind="stable")
-    facts = {"status": "used", "rows": table.num_rows, "orphans": orphans}
-    if orphans:
-        log.warning(
-            "mine: %d candidates belong to no sentence of %s (stale candidates?)",
-            orphans,
-            cfg.sentences,
-        )
-    return rows[order], texts.take(pa.array(order)), facts
-
-
 def _anchor_table(
     ids: pa.Array, start: int, stop: int, aug_rows: np.ndarray, aug_texts: pa.Array
 ) -> pa.Table:
@@ -405,7 +259,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     search_seconds = 0.0
     if todo:
         vectors = load_vectors(embeddings, ids)
-        index, index_facts = _build(cfg, vectors, Path(cfg.output) / "_work")
+        index, index_facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
         log.info(
             "mine: %s index over %d x %d vectors (%.1fs)",
             index_facts["kind"],
@@ -435,10 +289,10 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
             )
         elif index_facts["kind"] == "flat":
             index_facts.update(recall_at_k=1.0, exact=True)
-        vectors = _flat_view(index, vectors)  # drop the second copy of a flat index's vectors
+        vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
         rescore = index_facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
         searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
-        aug_rows, aug_texts, aug_facts = _augmentations(cfg, ids)
+        aug_rows, aug_texts, aug_facts = own_augmentations(cfg.candidates, ids)
         bar = Progress(
             "mine", total=len(sentences), skipped=len(sentences) - len(todo), enabled=progress
         )
@@ -550,6 +404,12 @@ def command(
     ] = None,
     nlist: Annotated[int | None, typer.Option(help="IVF cells.")] = None,
     nprobe: Annotated[int | None, typer.Option(help="IVF cells scanned per query.")] = None,
+    ivf_codec: Annotated[str | None, typer.Option(help="IVF storage: flat or sq8.")] = None,
+    train_size: Annotated[int | None, typer.Option(help="IVF k-means sample size.")] = None,
+    train_iterations: Annotated[int | None, typer.Option(help="IVF k-means rounds.")] = None,
+    anchor_batch: Annotated[
+        int | None, typer.Option(help="Anchors whose neighbours are held at once.")
+    ] = None,
     hnsw_m: Annotated[int | None, typer.Option(help="HNSW links per node.")] = None,
     ef_construction: Annotated[int | None, typer.Option(help="HNSW build beam width.")] = None,
     ef_search: Annotated[int | None, typer.Option(help="HNSW search beam width.")] = None,

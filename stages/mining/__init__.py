@@ -7,7 +7,15 @@
 - ``ipw``: eqs. 1-6 (surface / semantic scores, P_neg, P_pos), entropy ratios, seeded sampling.
 
 Pools travel in ragged form (offsets + flat arrays, the layout of an Arrow list column). Nothing
-here touches files; the ``mine`` and ``sample`` stage commands read params and shards and call these.
+in those four touches files; the ``mine`` and ``sample`` stage commands read params and shards and
+call them. The stages' own parts:
+
+- ``inputs``: fingerprints, reading and checking embeddings, candidates and texts;
+- ``encoder``: a transformers encoder behind ``encode(texts) -> unit vectors`` (embed, report);
+- ``searcher``: the ``mine`` index built from its settings (saved for resume), batched search;
+- ``pairs`` and ``sampling``: scores and draws over Arrow columns, the ``sample`` shard function;
+- ``card``, ``export``, ``diagnostics``: the dataset card, the sentence-transformers export and
+  DebCSE's Table 1/4 diagnostics of the ``report`` stage.
 """
 
 from stages.mining.edits import cross_distances, pair_distances, pool_distances, tokenize_words

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import schemas as S
@@ -35,6 +37,8 @@ from pipeline.shards import (
 )
 from pipeline.version import source_hash
 
+log = logging.getLogger("pairforge")
+
 PACKAGE = Path(__file__).resolve().parent
 ENCODER_KEY = "encoder"  # manifest key of an embeddings dataset: how its vectors were made
 # float16 storage rounds each component to ~3 significant digits, so a stored unit vector's norm
@@ -46,11 +50,27 @@ STORED_NORM_TOL = 1e-2
 VECTOR_ROW_GROUP = 4096
 
 
+# The modules of this package each stage runs: a change elsewhere in the package (a report
+# diagram, say) must not invalidate hours of embeddings.
+STAGE_MODULES: dict[str, tuple[str, ...]] = {
+    "embed": ("__init__", "inputs", "encoder", "edits", "index", "ipw", "pools"),
+    "mine": ("__init__", "inputs", "searcher", "edits", "index", "ipw", "pools"),
+    "sample": ("__init__", "inputs", "sampling", "pairs", "card", "edits", "index", "ipw", "pools"),
+}
+
+
 @functools.cache
 def code_hash(stage: str) -> str:
-    """``source_hash(stage)`` plus this package's sources (the stage modules import it)."""
+    """``source_hash(stage)`` plus the sources of this package that the stage runs (its
+    ``STAGE_MODULES``; every module when the stage is not listed)."""
     digest = hashlib.sha256(source_hash(stage).encode())
-    for file in sorted(PACKAGE.glob("*.py")):
+    names = STAGE_MODULES.get(stage)
+    files = (
+        sorted(PACKAGE.glob("*.py"))
+        if names is None
+        else [PACKAGE / f"{n}.py" for n in sorted(names)]
+    )
+    for file in files:
         digest.update(file.name.encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()[:12]
@@ -221,7 +241,7 @@ def check_aligned(
     a = found.combine_chunks() if isinstance(found, pa.ChunkedArray) else found
     b = expected.combine_chunks() if isinstance(expected, pa.ChunkedArray) else expected
     if not a.equals(b):
-        diff = np.flatnonzero(~np.asarray(pa.compute.equal(a, b).fill_null(False)))
+        diff = np.flatnonzero(~np.asarray(pc.equal(a, b).fill_null(False)))
         row = int(diff[0])
         raise DataIntegrityError(
             f"{name}: row {row} has id {a[row].as_py()!r} where the embedded dataset has "
@@ -251,3 +271,29 @@ class ArrowTexts(Sequence):
     def take(self, rows: np.ndarray) -> list[str]:
         """Texts of ``rows`` (an int array), in that order."""
         return self.array.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+
+def own_augmentations(
+    path: str | None, sentence_ids: pa.Array
+) -> tuple[np.ndarray, pa.Array, dict[str, Any]]:
+    """The candidates of ``path`` sorted by their sentence's row in ``sentence_ids``:
+    ``(rows, texts, facts)``; candidates of no sentence are counted as ``orphans``."""
+    empty = (np.empty(0, np.int64), pa.array([], pa.string()))
+    if path is None:
+        return *empty, {"status": "disabled", "rows": 0}
+    if not Path(path).exists():
+        log.warning("mine: no candidates dataset at %s: own augmentations cannot be excluded", path)
+        return *empty, {"status": "absent", "rows": 0}
+    table = open_dataset(path, S.CANDIDATES).read_table([S.ID, S.TEXT])
+    anchor = pc.index_in(table[S.ID], value_set=sentence_ids)
+    orphans = anchor.null_count
+    keep = pc.is_valid(anchor)
+    rows = pc.filter(anchor, keep).to_numpy().astype(np.int64)
+    texts = pc.filter(table[S.TEXT], keep).combine_chunks()
+    order = np.argsort(rows, kind="stable")
+    facts = {"status": "used", "rows": table.num_rows, "orphans": orphans}
+    if orphans:
+        log.warning(
+            "mine: %d candidates of %s belong to no sentence (stale candidates?)", orphans, path
+        )
+    return rows[order], texts.take(pa.array(order)), facts

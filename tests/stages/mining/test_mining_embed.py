@@ -122,7 +122,26 @@ def test_embed_stage_aligns_vectors_with_ids(tiny_bert, mining_inputs, tmp_path)
     np.testing.assert_allclose(vectors[:5], direct, atol=2e-3)  # float16 storage
     cands = open_dataset(root / "data/candidates", S.CANDIDATES)
     cemb = open_embeddings(root / "data/embeddings/candidates")
-    assert cemb.read_table([S.ID])[S.ID].equals(cands.read_table([S.CANDIDATE_ID])[S.CANDIDATE_ID])
+    ctable = cands.read_table([S.ID, S.CANDIDATE_ID, S.TEXT])
+    assert cemb.read_table([S.ID])[S.ID].equals(ctable[S.CANDIDATE_ID])
+    # Candidates identical to their sentence reuse its vector instead of being encoded again.
+    cvec = load_vectors(cemb, ctable[S.CANDIDATE_ID].combine_chunks())
+    row_of = {x: i for i, x in enumerate(ids.to_pylist())}
+    same = [
+        (k, row_of[sid])
+        for k, (sid, t) in enumerate(
+            zip(ctable[S.ID].to_pylist(), ctable[S.TEXT].to_pylist(), strict=True)
+        )
+        if t == texts[row_of[sid]]
+    ]
+    assert same and metrics["candidates"]["reused_sentence_vectors"] == len(same)
+    for k, r in same:
+        np.testing.assert_array_equal(cvec[k], vectors[r])
+    other = next(k for k in range(len(ctable)) if k not in dict(same))
+    direct_c = TextEncoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
+        [ctable[S.TEXT][other].as_py()]
+    )
+    np.testing.assert_allclose(cvec[other], direct_c[0], atol=2e-3)
     # A second run with the same inputs computes nothing.
     again = run(_cfg(root, tiny_bert, vector_dtype="float16"), progress=False)
     assert again["sentences"]["computed_rows"] == 0 and again["candidates"]["computed_rows"] == 0

@@ -1,0 +1,300 @@
+"""The ``sample`` stage's pure per-shard function: score a batch of anchors' pools, draw, and
+build its ``pairs`` rows (Arrow tables in, an Arrow table out; no files, no globals); and
+``open_positives``, which reads the positive pools (the candidates and their embeddings)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import schemas as S
+from pipeline.errors import DataIntegrityError, PairforgeError
+from pipeline.shards import Dataset, open_dataset
+from stages.mining.edits import encoded_distances
+from stages.mining.inputs import (
+    ArrowTexts,
+    check_same_encoder,
+    embeddings_layout,
+    iter_vectors,
+    open_embeddings,
+)
+from stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
+
+EDIT_STRING = "edit_string"  # the positives table's text as the edit distance compares it
+COS = "cos"
+
+log = logging.getLogger("pairforge")
+SINGLE_VIEWS = (
+    (S.POSITIVE_TEXT, S.POSITIVE_TEXT_ID, "positive_route"),
+    (S.VIEW1_TEXT, S.VIEW1_ID, "view1_route"),
+    (S.VIEW2_TEXT, S.VIEW2_ID, "view2_route"),
+)
+
+
+@dataclass(frozen=True)
+class DrawParams:
+    """What ``sample_shard`` reads of the ``sample`` config (see ``stages/sample.py``)."""
+
+    m: int = 2
+    m_positive: int | None = None
+    lambda_n: float = 0.8
+    lambda_p: float = 0.8
+    temperature: float = 1.0
+    edit_normalized: bool = True
+    edit_metric: str = "levenshtein"
+    identical: str = "skip"
+    short: str = "keep"
+    positive_route: str = "en-zh-en"
+    view1_route: str = "en-de-en"
+    view2_route: str = "en-fr-en"
+    seed: int = 0
+    threads: int = -1
+
+    @classmethod
+    def of(cls, config: Any) -> DrawParams:
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+
+def _gather(strings: pa.Array, rows: np.ndarray) -> list[str]:
+    """``strings[rows]`` as a list of Python strings, each distinct row converted once (pools
+    repeat corpus sentences: the list then holds references, not copies)."""
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    objs = np.empty(len(uniq), dtype=object)
+    objs[:] = strings.take(pa.array(uniq)).to_pylist()
+    return objs[inverse].tolist()
+
+
+def sample_shard(
+    pools: pa.Table,
+    positives: pa.Table,
+    texts: ArrowTexts,
+    ids: pa.Array,
+    edit_strings: pa.Array,
+    cfg: DrawParams,
+    shard: int,
+    batch: int = 0,
+) -> tuple[pa.Table, dict[str, int], float]:
+    """One shard (or anchor batch ``batch`` of it) of ``pools`` -> its ``pairs`` rows, counts,
+    and the seconds spent scoring. Draws are seeded by (seed, shard, batch).
+
+    ``positives`` holds the shard's anchors' candidates sorted by anchor row (``row``,
+    ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``, ``edit_string``).
+    ``texts``/``ids``/``edit_strings`` are the corpus by row (``edit_strings`` is the text the
+    edit distance compares: the text itself, or its word codes).
+    """
+    rows = pools[S.ROW].to_numpy()
+    n = len(rows)
+    if not ids.take(pa.array(rows)).equals(pools[S.ID].combine_chunks()):
+        raise DataIntegrityError(
+            f"pools shard {shard}: anchor ids do not match the sentences at their rows; "
+            "the pools are stale, run mine again"
+        )
+    anchor_edit = np.empty(n, dtype=object)  # (n,) for C-speed repeats below
+    anchor_edit[:] = edit_strings.take(pa.array(rows)).to_pylist()
+    t0 = time.perf_counter()
+
+    # Negatives: score every pool candidate, then draw m.
+    pool_rows = pools[S.POOL_ROWS].combine_chunks()
+    n_off = pool_rows.offsets.to_numpy().astype(np.int64)
+    n_off -= n_off[0]
+    cand_rows = pool_rows.flatten().to_numpy()
+    edit = encoded_distances(
+        np.repeat(anchor_edit, np.diff(n_off)).tolist(),
+        _gather(edit_strings, cand_rows),
+        cfg.edit_normalized,
+        cfg.threads,
+        cfg.edit_metric,
+    )
+    cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature)
+    neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
+    picked = pa.array(neg_draw.indices)
+
+    # Positives: the anchors' candidates, identical copies skipped unless kept.
+    local = np.searchsorted(rows, positives[S.ROW].to_numpy())  # rows ascend within a shard
+    identical = positives[S.IDENTICAL].to_numpy(zero_copy_only=False)
+    keep = ~identical if cfg.identical == "skip" else np.ones(len(local), dtype=bool)
+    pos_t = positives.filter(pa.array(keep))
+    local_k = local[keep]
+    p_off = np.concatenate([[0], np.cumsum(np.bincount(local_k, minlength=n))]).astype(np.int64)
+    pos_edit = encoded_distances(
+        anchor_edit[local_k].tolist(),
+        pos_t[EDIT_STRING].to_pylist(),
+        cfg.edit_normalized,
+        cfg.threads,
+        cfg.edit_metric,
+    )
+    pos = score_pools(
+        pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature
+    )
+    pos_draw = draw(
+        pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, batch, 1])
+    )
+    pos_picked = pa.array(pos_draw.indices)
+    seconds = time.perf_counter() - t0
+
+    columns: dict[str, pa.Array] = {
+        S.ID: pools[S.ID].combine_chunks(),
+        S.TEXT: texts.array.take(pa.array(rows)),
+        S.POSITIVE_TEXTS: ragged_list(
+            pos_draw.offsets, pos_t[S.TEXT].take(pos_picked).combine_chunks()
+        ),
+        S.POSITIVE_IDS: ragged_list(
+            pos_draw.offsets, pos_t[S.CANDIDATE_ID].take(pos_picked).combine_chunks()
+        ),
+        S.POSITIVE_ROUTES: ragged_list(
+            pos_draw.offsets, pos_t[S.ROUTE].take(pos_picked).combine_chunks()
+        ),
+        S.POSITIVE_NOISES: ragged_list(
+            pos_draw.offsets, pos_t[S.NOISE].take(pos_picked).combine_chunks()
+        ),
+        S.NEGATIVE_TEXTS: ragged_list(
+            neg_draw.offsets, texts.array.take(pa.array(cand_rows[neg_draw.indices]))
+        ),
+        S.NEGATIVE_IDS: ragged_list(
+            neg_draw.offsets, pools[S.POOL_IDS].combine_chunks().flatten().take(picked)
+        ),
+        S.NEGATIVE_RANDOM: ragged_list(
+            neg_draw.offsets, pools[S.POOL_RANDOM].combine_chunks().flatten().take(picked)
+        ),
+        **gather(pos, pos_draw, "positive"),
+        **gather(neg, neg_draw, "negative"),
+        S.BAND_LOW: pools[S.BAND_LOW].combine_chunks(),
+        S.BAND_HIGH: pools[S.BAND_HIGH].combine_chunks(),
+        S.FALLBACK: pools[S.FALLBACK].combine_chunks(),
+        S.IDENTICAL_SKIPPED: pa.array(
+            np.bincount(local[~keep], minlength=n).astype(np.int32), pa.int32()
+        ),
+    }
+    counts = {
+        "anchors": n,
+        "negative_candidates": int(n_off[-1]),
+        "positive_candidates": int(p_off[-1]),
+        "negatives_sampled": len(neg_draw.indices),
+        "positives_sampled": len(pos_draw.indices),
+        "random_negatives": int(pc.sum(columns[S.NEGATIVE_RANDOM].flatten()).as_py() or 0),
+        "short_negatives": int(neg_draw.short.sum()),
+        "no_negative": int((np.diff(neg_draw.offsets) == 0).sum()),
+        "no_positive": int((np.diff(pos_draw.offsets) == 0).sum()),
+        "identical_skipped": int((~keep).sum()),
+        "edit_pairs": int(len(edit) + len(pos_edit)),
+    }
+    route_col = pos_t[S.ROUTE].to_numpy(zero_copy_only=False)
+    noise_col = pos_t[S.NOISE].to_numpy(zero_copy_only=False)
+    for text_col, id_col, key in SINGLE_VIEWS:
+        best = pick_route(local_k, route_col, noise_col, pos.prob, getattr(cfg, key), n)
+        has = best >= 0
+        take = (
+            pa.array(np.where(has, best, 0), mask=~has) if len(pos_t) else pa.nulls(n, pa.int64())
+        )
+        columns[text_col] = (
+            pos_t[S.TEXT].combine_chunks().take(take) if len(pos_t) else pa.nulls(n, pa.string())
+        )
+        columns[id_col] = (
+            pos_t[S.CANDIDATE_ID].combine_chunks().take(take)
+            if len(pos_t)
+            else pa.nulls(n, pa.string())
+        )
+        counts[f"{text_col}_missing"] = int((~has).sum())
+    table = pa.table(columns)
+
+    short = neg_draw.short
+    if cfg.short == "error" and short.any():
+        first = int(np.flatnonzero(short)[0])
+        raise PairforgeError(
+            f"sample: anchor {columns[S.ID][first].as_py()!r} has {int(np.diff(neg_draw.offsets)[first])} "
+            f"negative candidates, fewer than m={cfg.m} (short=error; mine with fallback "
+            "random or a wider band, or set sample.short to keep or drop)"
+        )
+    if cfg.short == "drop":
+        table = table.filter(pa.array(~short))
+    counts["dropped_short"] = n - table.num_rows
+    counts["rows"] = table.num_rows
+    return table, counts, seconds
+
+
+def open_positives(
+    candidates_path: str | None,
+    embeddings_path: str,
+    sent_embeddings: Dataset,
+    sent_ids: pa.Array,
+    sent_vectors: np.ndarray,
+) -> tuple[pa.Table, dict[str, Any], Dataset | None, Dataset | None]:
+    """All candidates (the positive pools) with their cosine to their anchor, sorted by anchor
+    row (columns ``row``, ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``,
+    ``cos``), facts for the metrics, and the two datasets read (None when absent)."""
+    empty = pa.table(
+        {
+            S.ROW: pa.array([], pa.int64()),
+            S.CANDIDATE_ID: pa.array([], pa.string()),
+            S.TEXT: pa.array([], pa.string()),
+            S.ROUTE: pa.array([], pa.string()),
+            S.NOISE: pa.array([], pa.string()),
+            S.IDENTICAL: pa.array([], pa.bool_()),
+            COS: pa.array([], pa.float32()),
+        }
+    )
+    if candidates_path is None:
+        return empty, {"status": "disabled", "rows": 0}, None, None
+    if not Path(candidates_path).exists():
+        log.warning(
+            "sample: no candidates dataset at %s: no positives will be sampled", candidates_path
+        )
+        return empty, {"status": "absent", "rows": 0}, None, None
+    candidates = open_dataset(candidates_path, S.CANDIDATES)
+    cand_emb = open_embeddings(embeddings_path)
+    d_s, _ = embeddings_layout(sent_embeddings.path)
+    d_c, _ = embeddings_layout(cand_emb.path)
+    if d_s != d_c:
+        raise PairforgeError(
+            f"dimension mismatch: {sent_embeddings.path} holds {d_s}-d vectors but "
+            f"{cand_emb.path} holds {d_c}-d vectors; embed both with one encoder"
+        )
+    if cand_emb.num_rows:
+        check_same_encoder(sent_embeddings, cand_emb)
+    if cand_emb.num_rows != candidates.num_rows or len(cand_emb) != len(candidates):
+        raise DataIntegrityError(
+            f"{cand_emb.path} embeds {cand_emb.num_rows} candidates in {len(cand_emb)} shards but "
+            f"{candidates.path} holds {candidates.num_rows} in {len(candidates)}: run embed again"
+        )
+    parts = []
+    orphans = 0
+    cols = [S.ID, S.CANDIDATE_ID, S.TEXT, S.ROUTE, S.NOISE, S.IDENTICAL]
+    for i in range(len(candidates)):
+        table = candidates.read_shard(i, cols)
+        parts_i = list(iter_vectors(cand_emb, i))
+        emb_ids = pa.chunked_array([x for x, _ in parts_i], pa.string())
+        if not emb_ids.equals(table[S.CANDIDATE_ID]):
+            raise DataIntegrityError(
+                f"{cand_emb.path} shard {i} does not embed the candidates of {candidates.path} "
+                f"shard {i} (ids differ): run embed again"
+            )
+        vectors = np.concatenate([v for _, v in parts_i]) if parts_i else np.empty((0, d_c))
+        anchor = pc.index_in(table[S.ID], value_set=sent_ids)
+        valid = pc.is_valid(anchor).to_numpy(zero_copy_only=False)
+        orphans += int((~valid).sum())
+        rows = anchor.to_numpy(zero_copy_only=False)[valid].astype(np.int64)
+        cos = np.einsum("ij,ij->i", vectors[valid], sent_vectors[rows])  # (n_valid,)
+        kept = table.filter(pa.array(valid))
+        parts.append(
+            pa.table(
+                {
+                    S.ROW: pa.array(rows, pa.int64()),
+                    **{c: kept[c] for c in cols[1:]},
+                    COS: pa.array(cos.astype(np.float32), pa.float32()),
+                }
+            )
+        )
+    table = pa.concat_tables([empty, *parts]).combine_chunks()
+    order = np.argsort(table[S.ROW].to_numpy(), kind="stable")
+    facts = {"status": "used", "rows": candidates.num_rows, "orphans": orphans}
+    if orphans:
+        log.warning("sample: %d candidates belong to no sentence (stale candidates?)", orphans)
+    return table.take(pa.array(order)), facts, candidates, cand_emb

@@ -1,0 +1,162 @@
+"""The ``mine`` stage's index: built (or reloaded after a kill) from the stage's settings, and
+searched in batches, with exact rescoring when the index stores approximate vectors."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from pipeline.errors import ConfigError
+from stages.mining.index import _default_nlist, build_index, gpu_available, search
+
+INDEX_FILE = "index.faiss"
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """What ``open_index`` reads of the ``mine`` config (see ``stages/mine.py``)."""
+
+    index: str = "auto"
+    flat_max: int = 50_000
+    nlist: int | None = None
+    nprobe: int | None = None
+    ivf_codec: str = "sq8"
+    train_size: int | None = None
+    train_iterations: int = 10
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    use_gpu: str = "auto"
+    seed: int = 0
+
+    @classmethod
+    def of(cls, config: Any) -> IndexSettings:
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+
+class Searcher:
+    """Batched top-k search of corpus rows against an index built from exactly ``vectors``.
+
+    ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
+    8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
+    """
+
+    def __init__(
+        self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
+    ) -> None:
+        self.index = index
+        self.vectors = vectors  # (n, d) float32, row i is corpus row i
+        self.k = k
+        self.batch = batch
+        self.rescore = rescore
+
+    def neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded."""
+        scores, ids = search(self.index, self.vectors[rows], self.k, self.batch, norm_tol=None)
+        if not self.rescore:
+            return scores, ids
+        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
+        safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
+        exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
+        # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
+        faiss.fvec_inner_products_by_idx(
+            faiss.swig_ptr(exact),
+            faiss.swig_ptr(queries),
+            faiss.swig_ptr(self.vectors),
+            faiss.swig_ptr(safe),
+            queries.shape[1],
+            ids.shape[0],
+            ids.shape[1],
+        )
+        exact[ids < 0] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")
+        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def open_index(
+    vectors: np.ndarray, work: Path, cfg: IndexSettings
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """The index over ``vectors`` and facts about it for the metrics. An approximate index is
+    saved under ``work`` once built and loaded from there by a resumed run (training an IVF or
+    building an HNSW index is the costly part)."""
+    n, d = vectors.shape
+    kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
+    use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
+    saved = work / INDEX_FILE
+    start = time.monotonic()
+    if kind != "flat" and saved.exists():
+        index = faiss.read_index(str(saved))
+        if use_gpu is not False and kind == "ivf" and gpu_available():
+            index = faiss.index_cpu_to_all_gpus(index)
+        loaded = True
+    else:
+        try:
+            index = build_index(
+                vectors,
+                kind,  # type: ignore[arg-type]
+                nlist=cfg.nlist,
+                nprobe=cfg.nprobe,
+                train_size=cfg.train_size if cfg.train_size else _train_size(n, cfg.nlist),
+                train_iterations=cfg.train_iterations,
+                ivf_codec=cfg.ivf_codec,
+                hnsw_m=cfg.hnsw_m,
+                ef_construction=cfg.ef_construction,
+                ef_search=cfg.ef_search,
+                use_gpu=use_gpu,  # type: ignore[arg-type]
+                seed=cfg.seed,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"mine: cannot build a {kind} index over {n} vectors: {exc}"
+            ) from None
+        loaded = False
+        if kind != "flat":
+            work.mkdir(parents=True, exist_ok=True)
+            cpu = faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index
+            tmp = work / f".{INDEX_FILE}.tmp"
+            faiss.write_index(cpu, str(tmp))
+            tmp.replace(saved)
+    facts: dict[str, Any] = {
+        "kind": kind,
+        "n": n,
+        "dim": d,
+        "gpu": _on_gpu(index),
+        "build_seconds": round(time.monotonic() - start, 3),
+        "loaded_from_work": loaded,
+    }
+    ivf = _ivf(index)
+    if ivf is not None:
+        facts.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe), codec=cfg.ivf_codec)
+    if kind == "hnsw":
+        facts.update(hnsw_m=cfg.hnsw_m, ef_search=cfg.ef_search)
+    return index, facts
+
+
+def _train_size(n: int, nlist: int | None) -> int:
+    # 40 points per cell: just above faiss's own minimum of 39; more barely moves recall here
+    # and k-means time grows with it (benchmarks/mine.py).
+    return 40 * (nlist or _default_nlist(n))
+
+
+def _on_gpu(index: faiss.Index) -> bool:
+    return "Gpu" in type(index).__name__
+
+
+def _ivf(index: faiss.Index):
+    try:
+        return faiss.extract_index_ivf(index)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def flat_view(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """The vectors stored inside a CPU flat index (no second copy in memory), else ``vectors``."""
+    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(vectors):
+        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+        return view.reshape(index.ntotal, index.d)
+    return vectors
