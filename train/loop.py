@@ -344,7 +344,9 @@ class Trainer:
             if dist.is_main():
                 shutil.rmtree(best_dir, ignore_errors=True)
             return
-        self.load_state_dict(self.store.load(latest, self.device))
+        # Loaded on the CPU: generator states must stay CPU tensors; load_state_dict moves the
+        # weights and the optimiser's state to their parameters' device.
+        self.load_state_dict(self.store.load(latest, "cpu"))
         if dist.is_main() and best_dir.exists():
             # Exports newer than the checkpoint are redone (identically) by the resumed run.
             for child in best_dir.iterdir():
