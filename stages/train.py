@@ -165,10 +165,33 @@ def code_hash() -> str:
     return digest.hexdigest()[:12]
 
 
+def inputs_hash(options: dict[str, Any]) -> dict[str, str]:
+    """sha256 of every file in the folders an objective reads (InfoCSE's ``aux_path``), so a
+    re-pretrained auxiliary network retrains the objective although its path is unchanged."""
+    hashes = {}
+    for key in ("aux_path",):
+        folder = options.get(key)
+        if not folder or not Path(folder).is_dir():
+            continue  # the objective reports a missing folder itself, with what to run
+        digest = hashlib.sha256()
+        for file in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(folder)).encode())
+            with file.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        hashes[key] = digest.hexdigest()
+    return hashes
+
+
 def fingerprint(settings, data_fingerprint: str) -> str:
     from dataclasses import asdict
 
-    payload = {"settings": asdict(settings), "data": data_fingerprint, "code": code_hash()}
+    payload = {
+        "settings": asdict(settings),
+        "data": data_fingerprint,
+        "code": code_hash(),
+        "inputs": inputs_hash(settings.options),
+    }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 

@@ -68,6 +68,7 @@ def test_every_stage_is_in_the_dvc_pipeline_and_it_resolves(project):
         ("sample", "train"),
         ("train", "evaluate"),
         ("ingest", "pretrain"),
+        ("pretrain", "train"),
     ):
         assert f'"{edge[0]}" -> "{edge[1]}"' in dag.stdout, edge
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -110,3 +111,59 @@ def test_evaluate_without_data_says_how_to_get_it(tmp_path, tiny_model_dir, sts_
         app, ["evaluate", "--params", params, "--model", str(tmp_path / "m/model")]
     )
     assert result.exit_code == 2 and "not found (train it first" in result.output
+
+
+def test_cotbert_and_infocse_train_from_their_recipes_and_evaluate_with_their_poolings(
+    tmp_path, tiny_sentences, tiny_model_dir, sts_dir
+):
+    """`train -o cotbert` and `-o infocse` as users run them: the recipes in params.yaml reach the
+    objectives (templates; the pre-trained auxiliary network), and the exports carry the
+    objective's pooling into `evaluate`."""
+    from transformers import BertForMaskedLM
+
+    from train.infocse_aux import AuxiliaryMLM, save_auxiliary
+
+    mlm = BertForMaskedLM.from_pretrained(tiny_model_dir)
+    aux = AuxiliaryMLM.from_encoder(mlm.bert, 1, 2, mlm.cls)
+    save_auxiliary(aux, tmp_path / "aux", {"mlm_head_initialised": False})
+    pairs = write_pairs(tmp_path / "pairs", pairs_rows(tiny_sentences), rows_per_shard=4)
+    recipes = {
+        "cotbert": {"options": {"temperature": 0.05, "templates": "auto", "denoise": True}},
+        "infocse": {
+            "max_steps": 6,
+            "options": {"aux_path": str(tmp_path / "aux"), "mlm_weight": 0.5, "mask_rate": 0.4},
+        },
+    }
+    params = params_file(tmp_path, tiny_model_dir, sts_dir, pairs, recipes=recipes, eval_every=0)
+    for objective in ("cotbert", "infocse"):
+        result = runner.invoke(app, ["train", "--params", params, "-o", objective, "--no-progress"])
+        assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "metrics/train.json").read_text())
+    assert metrics["infocse"]["steps"] == 6  # the recipe's max_steps beat the shared 8
+    header = (tmp_path / "plots/train/infocse.csv").read_text().splitlines()[0].split(",")
+    assert {"contrastive", "mlm", "mlm_accuracy"} <= set(header)
+    history = json.loads((tmp_path / "models/infocse/history.json").read_text())
+    mlm_losses = [row["mlm"] for row in history["history"]]
+    assert all(loss > 0 for loss in mlm_losses)  # the auxiliary network ran on every step
+    info = {
+        name: json.loads((tmp_path / f"models/{name}/model/pairforge.json").read_text())
+        for name in ("cotbert", "infocse")
+    }
+    assert info["cotbert"]["pooling"] == "mask" and "[MASK]" in info["cotbert"]["prompt"]
+    assert info["infocse"]["pooling"] == "cls_before_pooler"
+
+    # A re-pretrained auxiliary network (same path, new weights) retrains InfoCSE.
+    with torch.no_grad():
+        aux.head_layers[0].output.dense.weight.mul_(0.5)
+    save_auxiliary(aux, tmp_path / "aux", {"mlm_head_initialised": False})
+    result = runner.invoke(app, ["train", "--params", params, "-o", "infocse", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    again = json.loads((tmp_path / "models/infocse/model/pairforge.json").read_text())
+    assert again["fingerprint"] != info["infocse"]["fingerprint"]
+
+    result = runner.invoke(app, ["evaluate", "--params", params, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    models = json.loads((tmp_path / "metrics/evaluate.json").read_text())["models"]
+    assert {"cotbert", "infocse"} <= set(models)
+    table = (tmp_path / "reports/evaluate.md").read_text()
+    assert "| cotbert | mask |" in table and "| infocse | cls_before_pooler |" in table
