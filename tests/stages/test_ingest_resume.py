@@ -113,15 +113,32 @@ def test_reference_run_is_sane(reference):
     assert len(snap["data/sentences"][0]["shards"]) > 30
 
 
+def wait_for_markers(path: Path, proc: subprocess.Popen, count: int, timeout: float = 120) -> None:
+    """Return once the clean step has finished ``count`` chunks (or the run has ended)."""
+    progress = path / "data/sentences/_work/clean/_progress"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if progress.exists() and len(list(progress.glob("part-*.json"))) >= count:
+            return
+        time.sleep(0.005)
+
+
 @pytest.mark.parametrize("trial", range(4))
 def test_sigkill_then_resume_gives_identical_output(reference, tmp_path, trial):
+    """Up to three kills per trial. The first waits for a random number of finished chunks, so
+    every trial kills a run mid-way whatever the machine's load; the others sleep a random time,
+    which also reaches the merge and the final writes."""
     _, expected, elapsed = reference
     make_project(tmp_path)
     rng = random.Random(1000 + trial)
     kills = 0
-    for _ in range(3):
+    for attempt in range(3):
         proc = start_ingest(tmp_path)
-        time.sleep(rng.uniform(0.2, elapsed * 0.95))
+        if attempt == 0:
+            wait_for_markers(tmp_path, proc, rng.randint(1, 40))
+            time.sleep(rng.uniform(0, 0.05))
+        else:
+            time.sleep(rng.uniform(0.2, elapsed * 0.95))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
@@ -140,11 +157,7 @@ def test_resume_skips_finished_shards(reference, tmp_path):
     make_project(tmp_path)
     proc = start_ingest(tmp_path)
     clean_progress = tmp_path / "data/sentences/_work/clean/_progress"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if clean_progress.exists() and len(list(clean_progress.glob("part-*.json"))) >= 5:
-            break
-        time.sleep(0.01)
+    wait_for_markers(tmp_path, proc, 5)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     # A shard is finished when its last output (the rejects) has its marker.
