@@ -4,8 +4,10 @@ Per anchor, score then decide:
 
 1. **Score** every candidate of its negative pool (from ``mine``) and of its positive pool (its
    augmentation candidates; copies identical to the anchor skipped and counted): edit distance to
-   the anchor (rapidfuzz, ``edit_kind``/``edit_normalized``/``edit_metric``), cosine, S_sur and
-   S_sem (eqs. 1-2), P_neg (eqs. 3-4, λn) and P_pos (eqs. 5-6, λp), softmax ``temperature``.
+   the anchor (``edit_kind``/``edit_normalized``/``edit_metric``; ``edit_backend``: the numba
+   kernels by default, rapidfuzz as the reference and fallback, the same distances), cosine,
+   S_sur and S_sem (eqs. 1-2), P_neg (eqs. 3-4, λn) and P_pos (eqs. 5-6, λp), softmax
+   ``temperature``.
 2. **Draw** ``m`` negatives and ``m_positive`` positives without replacement from P, seeded per
    shard (the same input and seed give the same pairs, resumed or not).
 3. Pick the single-view columns: ``positive_text`` (DenoSent, route ``positive_route``),
@@ -16,7 +18,9 @@ distance inside ``exp``: raw distances tens of operations apart collapse the sof
 candidate. Word-level, because the surface similarity DebCSE wants in a hard negative is shared
 wording (its own diagnostic, Tables 1 and 4, counts shared words), and a word edit counts a
 changed word once where a character distance counts its letters, so long words and morphology do
-not dominate; it is also 3-4x faster on encoded sentences (see benchmarks/mine.py).
+not dominate; it is also the fast path: each corpus sentence and candidate is encoded once per
+run into word codes, then pairs are scored by row with compiled bit-parallel kernels
+(benchmarks/edit_throughput.py).
 
 Output: ``data/pairs`` (``pairs`` schema), shard ``i`` for anchor shard ``i``, with a dataset card
 (``_README.md``) beside the shards; metrics: counts, entropy ratios of P, score distributions.
@@ -48,7 +52,7 @@ from pipeline.shards import (
     open_dataset,
 )
 from stages.mining.card import CARD, distribution, render_card
-from stages.mining.edits import WordCodes
+from stages.mining.edits import PairScorer, edit_scorer
 from stages.mining.inputs import (
     ArrowTexts,
     encoder_info,
@@ -56,7 +60,7 @@ from stages.mining.inputs import (
     load_vectors,
     open_embeddings,
 )
-from stages.mining.sampling import EDIT_STRING, DrawParams, open_positives, sample_shard
+from stages.mining.sampling import EDIT_INDEX, DrawParams, open_positives, sample_shard
 
 log = logging.getLogger("pairforge")
 
@@ -81,6 +85,11 @@ class SampleConfig(StageConfig):
     edit_kind: Literal["word", "char"] = "word"
     edit_normalized: bool = True
     edit_metric: Literal["levenshtein", "indel"] = "levenshtein"
+    edit_backend: Literal["numba", "rapidfuzz"] = Field(
+        "numba",
+        description="numba: compiled kernels over texts encoded once (falls back to rapidfuzz "
+        "with a warning when numba cannot run); rapidfuzz: the reference; same distances",
+    )
     identical: Literal["skip", "keep"] = Field("skip", description="candidates equal to the anchor")
     short: Literal["keep", "drop", "error"] = Field(
         "keep", description="anchors with fewer than m negatives: keep (flagged), drop, error"
@@ -89,7 +98,7 @@ class SampleConfig(StageConfig):
     view1_route: str = "en-de-en"
     view2_route: str = "en-fr-en"
     seed: int = 0
-    threads: int = Field(-1, description="rapidfuzz threads; -1: all cores")
+    threads: int = Field(-1, description="edit-distance threads (numba or rapidfuzz); -1: all")
     anchor_batch: int = Field(
         16384, ge=1, description="anchors scored at once (bounds memory; seeds the draws)"
     )
@@ -100,19 +109,20 @@ class SampleConfig(StageConfig):
 # --- the stage --------------------------------------------------------------------------------
 
 
-def _edit_strings(
-    cfg: SampleConfig, texts: pa.Array, positives: pa.Table
-) -> tuple[pa.Array, pa.Table]:
-    """What the edit distance compares for the corpus and the candidates (encoded once)."""
-    if cfg.edit_kind == "char":
-        return texts, positives.append_column(EDIT_STRING, positives[S.TEXT])
-    corpus = texts.to_pylist()
-    cand = positives[S.TEXT].to_pylist()
-    codes = WordCodes(corpus + cand)
-    return (
-        pa.array(codes.encode(corpus), pa.string()),
-        positives.append_column(EDIT_STRING, pa.array(codes.encode(cand), pa.string())),
+def _scorer(cfg: SampleConfig, texts: pa.Array, positives: pa.Table) -> tuple[PairScorer, pa.Table]:
+    """The edit-distance scorer over the corpus and the positive candidates (each text encoded
+    once), and the positives with their row in its candidate encoding."""
+    scorer = edit_scorer(
+        texts,
+        positives[S.TEXT].combine_chunks(),
+        cfg.edit_kind,
+        cfg.edit_normalized,
+        cfg.edit_metric,
+        cfg.edit_backend,
+        cfg.threads,
     )
+    index = pa.array(np.arange(positives.num_rows, dtype=np.int64))
+    return scorer, positives.append_column(EDIT_INDEX, index)
 
 
 def _post_stats(path: str) -> dict[str, dict[str, Any]]:
@@ -157,7 +167,9 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
             mined.get("min_pool"),
             cfg.m,
         )
-    params = cfg.model_dump(exclude={"output", "metrics", "threads"})
+    # Threads and the backend change no result (the backends give equal distances): a run may
+    # resume with others.
+    params = cfg.model_dump(exclude={"output", "metrics", "threads", "edit_backend"})
     fp = fingerprint(
         STAGE,
         params,
@@ -174,8 +186,10 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
     )
     todo = [i for i in range(len(pools)) if not writer.is_done(i)]
     edit_s, edit_pairs = 0.0, 0
+    backend, encode_s = None, None
     if todo:
-        edit_strings, positives = _edit_strings(cfg, texts, positives)
+        scorer, positives = _scorer(cfg, texts, positives)
+        backend, encode_s = scorer.backend, round(scorer.encode_seconds, 3)
         pos_rows = positives[S.ROW].to_numpy()
         corpus = ArrowTexts(texts)
         draw_params = DrawParams.of(cfg)
@@ -189,7 +203,7 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
                 rows = part[S.ROW].to_numpy()
                 lo, hi = np.searchsorted(pos_rows, [rows[0], rows[-1] + 1]) if len(rows) else (0, 0)
                 out, part_counts, seconds = sample_shard(
-                    part, positives.slice(lo, hi - lo), corpus, ids, edit_strings, draw_params, i, j
+                    part, positives.slice(lo, hi - lo), corpus, ids, scorer, draw_params, i, j
                 )
                 parts.append(out)
                 for key, value in part_counts.items():
@@ -226,6 +240,8 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
             "kind": cfg.edit_kind,
             "normalized": cfg.edit_normalized,
             "metric": cfg.edit_metric,
+            "backend": backend,  # the one used (null: every shard was already done)
+            "encode_seconds": encode_s,  # once per run: word codes / integer codes
             "scoring_seconds": round(edit_s, 3),
             # Scoring of this run's shards: distances, eqs. 1-6 and the draws.
             "pairs_per_second": round(edit_pairs / edit_s) if edit_s > 0 else None,
@@ -317,6 +333,9 @@ def command(
         bool | None, typer.Option(help="Normalise the edit distance to [0, 1].")
     ] = None,
     edit_metric: Annotated[str | None, typer.Option(help="levenshtein or indel.")] = None,
+    edit_backend: Annotated[
+        str | None, typer.Option(help="numba (compiled, default) or rapidfuzz (reference).")
+    ] = None,
     identical: Annotated[
         str | None, typer.Option(help="Candidates equal to the anchor: skip or keep.")
     ] = None,
@@ -325,7 +344,9 @@ def command(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     anchor_batch: Annotated[int | None, typer.Option(help="Anchors scored at once.")] = None,
-    threads: Annotated[int | None, typer.Option(help="rapidfuzz threads (-1: all).")] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="Edit-distance threads (-1: all cores).")
+    ] = None,
     sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
     pools: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
     candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,

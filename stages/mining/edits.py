@@ -28,25 +28,43 @@ words (Tables 1 and 4), a changed word then counts once instead of once per lett
 encoded once per run score 2-4x faster than characters (benchmarks/mine.py).
 
 All functions take ``workers`` as rapidfuzz does: ``-1`` uses every core (the GIL is released).
+
+**Backends.** The string functions above call rapidfuzz, the reference. The ``sample`` stage
+scores through ``edit_scorer``, whose default backend, ``numba``, encodes each distinct sentence
+once into integer codes (``EditCodes``: one flat int32 array and int64 offsets; word codes from
+``WordCodes``, or code points) and scores pairs given as row-index arrays with the compiled
+bit-parallel kernels of ``edit_kernels.py``: no Python object per pair, which is what bounds
+rapidfuzz's ``cpdist`` (~150 ns per pair to convert two strings, under the GIL). Its results equal
+rapidfuzz's exactly (property-tested). When numba is missing or fails to compile, ``edit_scorer``
+logs a warning and uses rapidfuzz (``backend="rapidfuzz"`` asks for it directly).
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
+import pyarrow as pa
 from rapidfuzz import process
 from rapidfuzz.distance import Indel, Levenshtein
 
 __all__ = [
+    "EditBackend",
+    "EditCodes",
     "EditKind",
     "EditMetric",
+    "PairScorer",
     "WordCodes",
+    "code_distances",
     "cross_distances",
+    "edit_scorer",
     "encode_words",
     "encoded_distances",
+    "numba_unavailable",
     "pair_distances",
     "pool_distances",
     "tokenize_words",
@@ -54,6 +72,9 @@ __all__ = [
 
 EditKind = Literal["char", "word"]
 EditMetric = Literal["levenshtein", "indel"]
+EditBackend = Literal["numba", "rapidfuzz"]
+
+log = logging.getLogger("pairforge")
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -280,3 +301,253 @@ def pool_distances(
     repeated = np.repeat(items, np.diff(offsets))  # (N,)
     out = process.cpdist(repeated, c, scorer=scorer, dtype=_dtype(normalized), workers=workers)
     return out.reshape(len(candidates))
+
+
+# --- integer codes and the compiled kernels ----------------------------------------------------
+
+
+class EditCodes:
+    """Sequences of integer symbols, encoded once for the compiled kernels.
+
+    Sequence ``i`` is ``codes[offsets[i]:offsets[i + 1]]`` (``codes``: int32, ``offsets``: int64,
+    ``len(offsets) == len(self) + 1``). Pairs then name sequences by row, so scoring them touches
+    no Python object.
+    """
+
+    __slots__ = ("codes", "offsets", "max_len")
+
+    def __init__(self, codes: np.ndarray, offsets: np.ndarray) -> None:
+        self.codes = np.ascontiguousarray(codes, dtype=np.int32)
+        self.offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+        if (
+            self.offsets.ndim != 1
+            or self.offsets.size < 1
+            or self.offsets[0] != 0
+            or self.offsets[-1] != self.codes.size
+            or np.any(np.diff(self.offsets) < 0)
+        ):
+            raise ValueError("offsets must rise from 0 to len(codes)")
+        self.max_len = int(np.diff(self.offsets).max()) if self.offsets.size > 1 else 0
+
+    def __len__(self) -> int:
+        return self.offsets.size - 1
+
+    @classmethod
+    def from_strings(cls, strings: Sequence[str] | pa.Array, chunk: int = 65536) -> EditCodes:
+        """One symbol per code point: raw text for character level, or ``WordCodes.encode``
+        output for word level (one code point per word, so equal codes mean equal words)."""
+        n = len(strings)
+        lengths = np.empty(n, dtype=np.int64)
+        parts = []
+        for start in range(0, n, chunk):
+            part = strings[start : start + chunk]
+            if isinstance(part, pa.Array):
+                part = part.to_pylist()
+            lengths[start : start + len(part)] = np.fromiter(map(len, part), np.int64, len(part))
+            # One C-level conversion per chunk; surrogatepass keeps any code point as itself.
+            parts.append(
+                np.frombuffer("".join(part).encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+            )
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        codes = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+        return cls(codes, offsets)
+
+
+_NUMBA_STATUS: list[str | None] = []  # memo of numba_unavailable()
+
+
+def numba_unavailable() -> str | None:
+    """None when the compiled kernels run here; otherwise why not (numba not installed, or the
+    kernel failed to compile or to reproduce rapidfuzz on a smoke test). Checked once per process;
+    the first call compiles the kernels (or loads them from numba's on-disk cache)."""
+    if not _NUMBA_STATUS:
+        try:
+            from stages.mining import edit_kernels  # noqa: F401
+
+            texts = ["kitten", "sitting", "", "x" * 70 + "abc", "abc" + "x" * 70]
+            codes = EditCodes.from_strings(texts)
+            rows = np.arange(len(texts))
+            other = rows[::-1].copy()
+            got = code_distances(codes, rows, codes, other, normalized=False, _checked=True)
+            want = [
+                Levenshtein.distance(texts[i], texts[j]) for i, j in zip(rows, other, strict=True)
+            ]
+            if got.tolist() != want:
+                raise RuntimeError(f"smoke test: got {got.tolist()}, want {want}")
+            _NUMBA_STATUS.append(None)
+        except Exception as exc:  # ImportError, numba's TypingError/LoweringError, ...
+            _NUMBA_STATUS.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    return _NUMBA_STATUS[0]
+
+
+def _numba_threads(threads: int) -> int:
+    import numba
+
+    most = numba.config.NUMBA_NUM_THREADS
+    return most if threads < 1 else min(threads, most)
+
+
+def code_distances(
+    a: EditCodes,
+    a_rows: np.ndarray,
+    b: EditCodes,
+    b_rows: np.ndarray,
+    normalized: bool = True,
+    metric: EditMetric = "levenshtein",
+    threads: int = -1,
+    _checked: bool = False,
+) -> np.ndarray:
+    """Distance between sequence ``a_rows[p]`` of ``a`` and ``b_rows[p]`` of ``b`` for every p,
+    with the compiled kernels; equal to rapidfuzz's ``Levenshtein``/``Indel`` ``distance`` (int32)
+    or ``normalized_distance`` (float32). Shape ``(n,)``. ``threads``: -1 (or 0) uses every core.
+
+    Raises ``RuntimeError`` saying why when numba cannot be used (see ``numba_unavailable``).
+    """
+    if metric not in ("levenshtein", "indel"):
+        raise ValueError(f"metric must be 'levenshtein' or 'indel', got {metric!r}")
+    a_rows = np.ascontiguousarray(a_rows, dtype=np.int64)
+    b_rows = np.ascontiguousarray(b_rows, dtype=np.int64)
+    if a_rows.shape != b_rows.shape or a_rows.ndim != 1:
+        raise ValueError(
+            f"a_rows and b_rows must be aligned 1-d arrays, got {a_rows.shape} and {b_rows.shape}"
+        )
+    for rows, codes, name in ((a_rows, a, "a_rows"), (b_rows, b, "b_rows")):
+        if rows.size and (rows.min() < 0 or rows.max() >= len(codes)):
+            raise IndexError(f"{name} must lie in [0, {len(codes)})")
+    if not _checked:
+        reason = numba_unavailable()
+        if reason is not None:
+            raise RuntimeError(f"the numba edit-distance backend is unavailable: {reason}")
+    import numba
+
+    from stages.mining.edit_kernels import pair_kernel
+
+    n = a_rows.size
+    out_int = np.empty(0 if normalized else n, dtype=np.int32)
+    out_float = np.empty(n if normalized else 0, dtype=np.float32)
+    if n:
+        before = numba.get_num_threads()
+        n_threads = _numba_threads(threads)
+        numba.set_num_threads(n_threads)
+        try:
+            pair_kernel(
+                a.codes,
+                a.offsets,
+                a_rows,
+                b.codes,
+                b.offsets,
+                b_rows,
+                metric == "indel",
+                normalized,
+                max(a.max_len, b.max_len),
+                n_threads,
+                out_int,
+                out_float,
+            )
+        finally:
+            numba.set_num_threads(before)
+    return out_float if normalized else out_int
+
+
+# --- the sample stage's scorer: corpus rows against corpus rows or candidate rows --------------
+
+
+class PairScorer(Protocol):
+    """Edit distances between sequences encoded once per run, named by row.
+
+    ``corpus(a, b)[p]``: corpus row ``a[p]`` against corpus row ``b[p]`` (negative pools);
+    ``candidates(a, c)[p]``: corpus row ``a[p]`` against candidate row ``c[p]`` (positive
+    pools). float32 in [0, 1] when normalised, else int32.
+    """
+
+    backend: str
+    encode_seconds: float
+
+    def corpus(self, a_rows: np.ndarray, b_rows: np.ndarray) -> np.ndarray: ...
+
+    def candidates(self, a_rows: np.ndarray, c_rows: np.ndarray) -> np.ndarray: ...
+
+
+class _NumbaScorer:
+    backend = "numba"
+
+    def __init__(self, corpus, candidates, normalized, metric, threads, encode_seconds):
+        self.codes = (corpus, candidates)
+        self.kw = dict(normalized=normalized, metric=metric, threads=threads, _checked=True)
+        self.encode_seconds = encode_seconds
+
+    def corpus(self, a_rows: np.ndarray, b_rows: np.ndarray) -> np.ndarray:
+        return code_distances(self.codes[0], a_rows, self.codes[0], b_rows, **self.kw)
+
+    def candidates(self, a_rows: np.ndarray, c_rows: np.ndarray) -> np.ndarray:
+        return code_distances(self.codes[0], a_rows, self.codes[1], c_rows, **self.kw)
+
+
+def _gather(strings: pa.Array, rows: np.ndarray) -> list[str]:
+    """``strings[rows]`` as a list of Python strings, each distinct row converted once (pools
+    repeat corpus sentences: the list then holds references, not copies)."""
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    objs = np.empty(len(uniq), dtype=object)
+    objs[:] = strings.take(pa.array(uniq)).to_pylist()
+    return objs[inverse].tolist()
+
+
+class _RapidfuzzScorer:
+    backend = "rapidfuzz"
+
+    def __init__(self, corpus, candidates, normalized, metric, threads, encode_seconds):
+        self.strings = (corpus, candidates)
+        self.args = (normalized, threads, metric)
+        self.encode_seconds = encode_seconds
+
+    def corpus(self, a_rows: np.ndarray, b_rows: np.ndarray) -> np.ndarray:
+        strings = self.strings[0]
+        return encoded_distances(_gather(strings, a_rows), _gather(strings, b_rows), *self.args)
+
+    def candidates(self, a_rows: np.ndarray, c_rows: np.ndarray) -> np.ndarray:
+        a = _gather(self.strings[0], a_rows)
+        return encoded_distances(a, _gather(self.strings[1], c_rows), *self.args)
+
+
+def edit_scorer(
+    corpus: pa.Array,
+    candidates: pa.Array,
+    kind: EditKind = "word",
+    normalized: bool = True,
+    metric: EditMetric = "levenshtein",
+    backend: EditBackend = "numba",
+    threads: int = -1,
+) -> PairScorer:
+    """Encode the corpus and the candidate texts once (word codes fitted over both, or
+    characters) and return the ``PairScorer`` of ``backend``. ``numba`` falls back to
+    ``rapidfuzz`` with a logged warning when it cannot run here; the distances are the same."""
+    if kind not in ("char", "word"):
+        raise ValueError(f"kind must be 'char' or 'word', got {kind!r}")
+    if metric not in ("levenshtein", "indel"):
+        raise ValueError(f"metric must be 'levenshtein' or 'indel', got {metric!r}")
+    if backend not in ("numba", "rapidfuzz"):
+        raise ValueError(f"backend must be 'numba' or 'rapidfuzz', got {backend!r}")
+    if backend == "numba":
+        reason = numba_unavailable()
+        if reason is not None:
+            log.warning(
+                "edit distances: the numba backend is unavailable (%s); using rapidfuzz, "
+                "the same distances, slower",
+                reason,
+            )
+            backend = "rapidfuzz"
+    t0 = time.perf_counter()
+    if kind == "word":
+        words = WordCodes(corpus.to_pylist() + candidates.to_pylist())
+        corpus_strings: Sequence[str] | pa.Array = words.encode(corpus.to_pylist())
+        cand_strings: Sequence[str] | pa.Array = words.encode(candidates.to_pylist())
+    else:
+        corpus_strings, cand_strings = corpus, candidates
+    if backend == "numba":
+        a, c = EditCodes.from_strings(corpus_strings), EditCodes.from_strings(cand_strings)
+        cls: type = _NumbaScorer
+    else:
+        a, c = pa.array(corpus_strings, pa.string()), pa.array(cand_strings, pa.string())
+        cls = _RapidfuzzScorer
+    return cls(a, c, normalized, metric, threads, time.perf_counter() - t0)

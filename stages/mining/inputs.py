@@ -55,7 +55,18 @@ VECTOR_ROW_GROUP = 4096
 STAGE_MODULES: dict[str, tuple[str, ...]] = {
     "embed": ("__init__", "inputs", "encoder", "edits", "index", "ipw", "pools"),
     "mine": ("__init__", "inputs", "searcher", "edits", "index", "ipw", "pools"),
-    "sample": ("__init__", "inputs", "sampling", "pairs", "card", "edits", "index", "ipw", "pools"),
+    "sample": (
+        "__init__",
+        "inputs",
+        "sampling",
+        "pairs",
+        "card",
+        "edits",
+        "edit_kernels",
+        "index",
+        "ipw",
+        "pools",
+    ),
 }
 
 

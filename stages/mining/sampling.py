@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from pipeline import schemas as S
 from pipeline.errors import DataIntegrityError, PairforgeError
 from pipeline.shards import Dataset, open_dataset
-from stages.mining.edits import encoded_distances
+from stages.mining.edits import PairScorer
 from stages.mining.inputs import (
     ArrowTexts,
     check_same_encoder,
@@ -27,7 +27,7 @@ from stages.mining.inputs import (
 )
 from stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
 
-EDIT_STRING = "edit_string"  # the positives table's text as the edit distance compares it
+EDIT_INDEX = "edit_index"  # the positives table's row in the scorer's candidate encoding
 COS = "cos"
 
 log = logging.getLogger("pairforge")
@@ -47,28 +47,16 @@ class DrawParams:
     lambda_n: float = 0.8
     lambda_p: float = 0.8
     temperature: float = 1.0
-    edit_normalized: bool = True
-    edit_metric: str = "levenshtein"
     identical: str = "skip"
     short: str = "keep"
     positive_route: str = "en-zh-en"
     view1_route: str = "en-de-en"
     view2_route: str = "en-fr-en"
     seed: int = 0
-    threads: int = -1
 
     @classmethod
     def of(cls, config: Any) -> DrawParams:
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
-
-
-def _gather(strings: pa.Array, rows: np.ndarray) -> list[str]:
-    """``strings[rows]`` as a list of Python strings, each distinct row converted once (pools
-    repeat corpus sentences: the list then holds references, not copies)."""
-    uniq, inverse = np.unique(rows, return_inverse=True)
-    objs = np.empty(len(uniq), dtype=object)
-    objs[:] = strings.take(pa.array(uniq)).to_pylist()
-    return objs[inverse].tolist()
 
 
 def sample_shard(
@@ -76,7 +64,7 @@ def sample_shard(
     positives: pa.Table,
     texts: ArrowTexts,
     ids: pa.Array,
-    edit_strings: pa.Array,
+    edits: PairScorer,
     cfg: DrawParams,
     shard: int,
     batch: int = 0,
@@ -85,9 +73,10 @@ def sample_shard(
     and the seconds spent scoring. Draws are seeded by (seed, shard, batch).
 
     ``positives`` holds the shard's anchors' candidates sorted by anchor row (``row``,
-    ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``, ``edit_string``).
-    ``texts``/``ids``/``edit_strings`` are the corpus by row (``edit_strings`` is the text the
-    edit distance compares: the text itself, or its word codes).
+    ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``, ``edit_index``).
+    ``texts``/``ids`` are the corpus by row; ``edits`` scores corpus rows against corpus rows
+    (negatives) and against ``edit_index`` rows of the candidates (positives), with every text
+    encoded once per run (``edits.edit_scorer``).
     """
     rows = pools[S.ROW].to_numpy()
     n = len(rows)
@@ -96,8 +85,6 @@ def sample_shard(
             f"pools shard {shard}: anchor ids do not match the sentences at their rows; "
             "the pools are stale, run mine again"
         )
-    anchor_edit = np.empty(n, dtype=object)  # (n,) for C-speed repeats below
-    anchor_edit[:] = edit_strings.take(pa.array(rows)).to_pylist()
     t0 = time.perf_counter()
 
     # Negatives: score every pool candidate, then draw m.
@@ -105,13 +92,7 @@ def sample_shard(
     n_off = pool_rows.offsets.to_numpy().astype(np.int64)
     n_off -= n_off[0]
     cand_rows = pool_rows.flatten().to_numpy()
-    edit = encoded_distances(
-        np.repeat(anchor_edit, np.diff(n_off)).tolist(),
-        _gather(edit_strings, cand_rows),
-        cfg.edit_normalized,
-        cfg.threads,
-        cfg.edit_metric,
-    )
+    edit = edits.corpus(np.repeat(rows, np.diff(n_off)), cand_rows)  # (N,), pools grouped
     cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
     neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature)
     neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
@@ -124,13 +105,7 @@ def sample_shard(
     pos_t = positives.filter(pa.array(keep))
     local_k = local[keep]
     p_off = np.concatenate([[0], np.cumsum(np.bincount(local_k, minlength=n))]).astype(np.int64)
-    pos_edit = encoded_distances(
-        anchor_edit[local_k].tolist(),
-        pos_t[EDIT_STRING].to_pylist(),
-        cfg.edit_normalized,
-        cfg.threads,
-        cfg.edit_metric,
-    )
+    pos_edit = edits.candidates(rows[local_k], pos_t[EDIT_INDEX].to_numpy())
     pos = score_pools(
         pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature
     )

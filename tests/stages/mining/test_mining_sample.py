@@ -206,6 +206,22 @@ def test_seeded_and_reproducible(mined, sampled, tmp_path):
     assert c[S.NEGATIVE_IDS] != a.read_table([S.NEGATIVE_IDS])[S.NEGATIVE_IDS]
 
 
+def test_edit_backends_write_identical_pairs(mined, sampled, tmp_path):
+    root, metrics = sampled
+    assert metrics["edit"]["backend"] == "numba" and metrics["edit"]["encode_seconds"] >= 0
+    other = copy_project(mined, tmp_path)
+    cfg = _cfg(other, corpus_name="test corpus", corpus_license="CC0-1.0", edit_backend="rapidfuzz")
+    assert run(cfg, progress=False)["edit"]["backend"] == "rapidfuzz"
+    a = open_dataset(root / "data/pairs", S.PAIRS)
+    b = open_dataset(other / "data/pairs", S.PAIRS)
+    assert [s["sha256"] for s in a.manifest["shards"]] == [
+        s["sha256"] for s in b.manifest["shards"]
+    ]
+    # The backend is not in the fingerprint: switching it keeps the finished shards.
+    again = run(cfg.model_copy(update={"edit_backend": "numba", "threads": 1}), progress=False)
+    assert again["computed_shards"] == 0 and again["edit"]["backend"] is None
+
+
 def test_metrics_report_entropy_and_counts(sampled):
     root, metrics = sampled
     saved = read_json(root / "metrics/sample.json")
