@@ -132,6 +132,7 @@ def pair_kernel(
         lo = c * n_pairs // n_chunks
         hi = (c + 1) * n_pairs // n_chunks
         direct = np.zeros(DIRECT, np.int64)  # packed (generation, local id) per symbol
+        mask1 = np.zeros(DIRECT, np.uint64)  # one-word match masks by symbol
         keys = np.empty(1 << bits, np.int32)  # the hash table: keys, stamps, local ids
         stamp = np.zeros(1 << bits, np.int64)
         local = np.empty(1 << bits, np.int64)
@@ -181,11 +182,16 @@ def pair_kernel(
                 shift = np.uint64(64 - tbits)
                 words = (m + 63) // 64
 
-                # Match masks of the pattern, over local ids (insert on first sight).
+                # Match masks of the pattern. One word: straight into ``mask1`` by symbol (kept
+                # all-zero between pairs) for symbols below DIRECT, local ids for the others.
+                # More words: over local ids for every symbol (insert on first sight).
                 k = np.int64(0)
                 for i in range(m):
                     sym = pat[p0 + i]
-                    if sym < DIRECT:
+                    if words == 1 and sym < DIRECT:
+                        mask1[sym] |= _ONE << np.uint64(i)
+                        continue
+                    if words > 1 and sym < DIRECT:
                         entry = direct[sym]
                         if (entry >> _LOCAL_BITS) == gen:
                             lid = entry & local_mask
@@ -220,9 +226,7 @@ def pair_kernel(
                         sym = txt[t0 + j]
                         x = _ZERO
                         if sym < DIRECT:
-                            entry = direct[sym]
-                            if (entry >> _LOCAL_BITS) == gen:
-                                x = pm[entry & local_mask]
+                            x = mask1[sym]
                         else:
                             s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
                             while stamp[s] == gen:
@@ -290,10 +294,28 @@ def pair_kernel(
                         hn = (hn << _ONE) | hn_carry
                         vp1 = hn | ~(d0 | hp)
                         vn1 = hp & d0
-                elif words <= 2:
-                    # Indel through the bit-parallel LCS, one or two words in registers.
+                elif words == 1:
+                    # Indel through the bit-parallel LCS, one word.
                     s0 = _ALL
-                    s1 = _ALL  # all ones: with one word, ~s1 adds nothing to the count
+                    for j in range(n):
+                        sym = txt[t0 + j]
+                        x = _ZERO
+                        if sym < DIRECT:
+                            x = mask1[sym]
+                        else:
+                            s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
+                            while stamp[s] == gen:
+                                if keys[s] == sym:
+                                    x = pm[local[s]]
+                                    break
+                                s = (s + 1) & tmask
+                        u = s0 & x
+                        s0 = (s0 + u) | (s0 - u)
+                    dist = m + n - 2 * _popcount(~s0)
+                elif words == 2:
+                    # Indel through the bit-parallel LCS, two words in registers.
+                    s0 = _ALL
+                    s1 = _ALL
                     for j in range(n):
                         sym = txt[t0 + j]
                         lid = -1
@@ -310,13 +332,12 @@ def pair_kernel(
                                 s = (s + 1) & tmask
                         if lid < 0:
                             continue  # no match: S is unchanged
-                        u = s0 & pm[words * lid]
+                        u = s0 & pm[2 * lid]
                         x = s0 + u
                         carry = _ONE if x < s0 else _ZERO
                         s0 = x | (s0 - u)
-                        if words == 2:
-                            u = s1 & pm[2 * lid + 1]
-                            s1 = (s1 + u + carry) | (s1 - u)
+                        u = s1 & pm[2 * lid + 1]
+                        s1 = (s1 + u + carry) | (s1 - u)
                     lcs = _popcount(~s0) + _popcount(~s1)
                     dist = m + n - 2 * lcs
                 else:
@@ -383,6 +404,11 @@ def pair_kernel(
                         for w in range(words):
                             lcs += _popcount(~vp[w])
                         dist = m + n - 2 * lcs
+                if words == 1:
+                    for i in range(m):  # back to all-zero for the next pair
+                        sym = pat[p0 + i]
+                        if sym < DIRECT:
+                            mask1[sym] = _ZERO
             if normalized:
                 top = full_a + full_b if indel else max(full_a, full_b)
                 out_float[p] = np.float32(dist / top) if top > 0 else np.float32(0.0)

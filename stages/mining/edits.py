@@ -151,15 +151,53 @@ class WordCodes:
     only lower a distance, and only in corpora with that many distinct tokens.
     """
 
-    def __init__(self, texts) -> None:
-        counts: dict[str, int] = {}
-        findall = _WORD_RE.findall
-        for text in texts:
-            for tok in findall(text):
-                counts[tok] = counts.get(tok, 0) + 1
-        ranked = sorted(counts, key=lambda t: (-counts[t], t))
-        self.table = {tok: _code(i) for i, tok in enumerate(ranked[: _MAX_CODES - 65536])}
-        self.size = len(counts)
+    def __init__(self, texts: Sequence[str] | pa.Array) -> None:
+        self._fit([texts])
+
+    @classmethod
+    def fit_codes(cls, *groups: Sequence[str] | pa.Array) -> tuple[WordCodes, list[EditCodes]]:
+        """Fit the vocabulary over all ``groups`` and return each group's integer codes, from
+        one tokenising pass (``WordCodes(all texts)`` then ``codes(group)`` tokenises twice)."""
+        words = cls.__new__(cls)
+        return words, words._fit(groups)
+
+    def _fit(self, groups) -> list[EditCodes]:
+        # Tokens get provisional ids in order of first sight (C-speed map over each chunk's
+        # tokens); counting, ranking and the final codes then work on those ids.
+        vocab = _FirstSeen()
+        tokens_of = vocab.__getitem__
+        parts = []
+        for texts in groups:
+            chunks = []
+            for tokens, sep in _token_chunks(texts):
+                ids = np.fromiter(map(tokens_of, tokens), np.int64, len(tokens))
+                cut = ids == vocab[sep]
+                bounds = np.concatenate([[-1], np.flatnonzero(cut), [ids.size]])
+                chunks.append((ids[~cut].astype(np.int32), np.diff(bounds) - 1))
+            parts.append(chunks)
+        seen = [ids for chunks in parts for ids, _ in chunks]
+        counts = np.bincount(np.concatenate(seen), minlength=len(vocab)) if seen else np.zeros(0)
+        tokens = list(vocab)  # by provisional id
+        ranked = sorted(np.flatnonzero(counts).tolist(), key=lambda i: (-counts[i], tokens[i]))
+        limit = _MAX_CODES - 65536
+        self.table = {tokens[i]: _code(r) for r, i in enumerate(ranked[:limit])}
+        self.size = len(ranked)
+        self._ids: _TokenIds | None = None
+        # Provisional id -> the code point of the token's code (as ``encode`` writes it).
+        points = np.zeros(len(tokens), dtype=np.int32)
+        head = np.asarray(ranked[:limit], dtype=np.int64)
+        rank = np.arange(head.size)
+        points[head] = rank + np.where(rank >= _SURROGATES[0], _SURROGATES[1] - _SURROGATES[0], 0)
+        for i in ranked[limit:]:
+            points[i] = ord(self._code_of(tokens[i]))
+        out = []
+        for chunks in parts:
+            lengths = np.concatenate([n for _, n in chunks]) if chunks else np.empty(0, np.int64)
+            offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            flat = np.concatenate([ids for ids, _ in chunks]) if chunks else np.empty(0, np.int32)
+            out.append(EditCodes(points[flat], offsets))
+        return out
 
     def _code_of(self, tok: str) -> str:
         ch = self.table.get(tok)
@@ -172,6 +210,72 @@ class WordCodes:
         code = self._code_of
         findall = _WORD_RE.findall
         return ["".join([code(tok) for tok in findall(t)]) for t in texts]
+
+    def codes(self, texts: Sequence[str] | pa.Array) -> EditCodes:
+        """Each text as integer codes for the compiled kernels: the code points of ``encode``'s
+        characters (so both backends see the same symbols), without building those strings."""
+        if self._ids is None:
+            self._ids = _TokenIds((tok, ord(ch)) for tok, ch in self.table.items())
+        ids = self._ids
+        parts, lengths = [], []
+        for tokens, sep in _token_chunks(texts):
+            saved = ids.pop(sep, None)  # "\uffff" can be a real token of other chunks
+            ids[sep] = -1  # the separator between texts
+            flat = np.fromiter(map(ids.__getitem__, tokens), np.int64, len(tokens))
+            del ids[sep]
+            if saved is not None:
+                ids[sep] = saved
+            cuts = np.flatnonzero(flat < 0)
+            bounds = np.concatenate([[-1], cuts, [flat.size]])
+            lengths.append(np.diff(bounds) - 1)  # tokens between consecutive separators
+            parts.append(flat[flat >= 0].astype(np.int32))
+        lens = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+        offsets = np.zeros(lens.size + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        codes = np.concatenate(parts) if parts else np.empty(0, np.int32)
+        return EditCodes(codes, offsets)
+
+
+class _FirstSeen(dict):
+    """token -> provisional id, the next integer on first sight."""
+
+    def __missing__(self, tok: str) -> int:
+        value = self[tok] = len(self)
+        return value
+
+
+class _TokenIds(dict):
+    """token -> code point of its ``WordCodes`` code; tokens outside the ranked table get the
+    hashed tail, as ``WordCodes._code_of`` gives them (cached on first sight)."""
+
+    def __missing__(self, tok: str) -> int:
+        value = self[tok] = ord(_code(_MAX_CODES - 65536 + (hash_token(tok) & 0xFFFF)))
+        return value
+
+
+_SEP = "\uffff"  # a noncharacter: one token of its own under _WORD_RE, never inside a word
+
+
+def _token_chunks(texts: Sequence[str] | pa.Array, chunk: int = 4096):
+    """``(tokens, sep)`` per chunk of texts: the chunk's word tokens with ``sep`` between
+    consecutive texts, from one regex call over the joined chunk (per-call overhead dominates
+    short sentences). A chunk whose texts contain ``_SEP`` is tokenised text by text, with the
+    empty string, never a token, as the separator."""
+    findall = _WORD_RE.findall
+    for start in range(0, len(texts), chunk):
+        part = texts[start : start + chunk]
+        if isinstance(part, pa.Array):
+            part = part.to_pylist()
+        joined = _SEP.join(part)
+        if joined.count(_SEP) == max(len(part) - 1, 0):
+            yield findall(joined), _SEP
+            continue
+        tokens: list[str] = []
+        for i, text in enumerate(part):
+            if i:
+                tokens.append("")
+            tokens += findall(text)
+        yield tokens, ""
 
 
 def hash_token(tok: str) -> int:
@@ -538,16 +642,15 @@ def edit_scorer(
             )
             backend = "rapidfuzz"
     t0 = time.perf_counter()
-    if kind == "word":
-        words = WordCodes(corpus.to_pylist() + candidates.to_pylist())
-        corpus_strings: Sequence[str] | pa.Array = words.encode(corpus.to_pylist())
-        cand_strings: Sequence[str] | pa.Array = words.encode(candidates.to_pylist())
+    if backend == "numba" and kind == "word":
+        _, (a, c) = WordCodes.fit_codes(corpus, candidates)
+    elif backend == "numba":
+        a, c = EditCodes.from_strings(corpus), EditCodes.from_strings(candidates)
+    elif kind == "word":
+        words = WordCodes(pa.chunked_array([corpus, candidates], pa.string()).combine_chunks())
+        a = pa.array(words.encode(corpus.to_pylist()), pa.string())
+        c = pa.array(words.encode(candidates.to_pylist()), pa.string())
     else:
-        corpus_strings, cand_strings = corpus, candidates
-    if backend == "numba":
-        a, c = EditCodes.from_strings(corpus_strings), EditCodes.from_strings(cand_strings)
-        cls: type = _NumbaScorer
-    else:
-        a, c = pa.array(corpus_strings, pa.string()), pa.array(cand_strings, pa.string())
-        cls = _RapidfuzzScorer
+        a, c = corpus, candidates
+    cls: type = _NumbaScorer if backend == "numba" else _RapidfuzzScorer
     return cls(a, c, normalized, metric, threads, time.perf_counter() - t0)

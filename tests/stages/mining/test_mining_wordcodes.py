@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from rapidfuzz.distance import Indel, Levenshtein
 
 import stages.mining.edits as edits
-from stages.mining.edits import WordCodes, encoded_distances, pair_distances, tokenize_words
+from stages.mining.edits import (
+    EditCodes,
+    WordCodes,
+    encoded_distances,
+    pair_distances,
+    tokenize_words,
+)
 
 TEXTS = [
     "The cat sat on the mat.",
@@ -54,3 +61,30 @@ def test_encoded_distances_checks_alignment():
     with pytest.raises(ValueError, match="aligned"):
         encoded_distances(["a"], [], True)
     assert encoded_distances([], [], True).shape == (0,)
+
+
+def _string_codes(words: WordCodes, texts: list[str]) -> EditCodes:
+    return EditCodes.from_strings(words.encode(texts))
+
+
+@pytest.mark.parametrize("limit", [None, 65536 + 3])
+def test_integer_codes_equal_the_string_codes(monkeypatch, limit):
+    if limit is not None:  # room for three ranked tokens: the rest share hashed codes
+        monkeypatch.setattr(edits, "_MAX_CODES", limit)
+    rng = np.random.default_rng(3)
+    # More texts than one tokenising chunk (4096), some holding the chunk separator U+FFFF.
+    texts = [TEXTS[i] for i in rng.integers(0, len(TEXTS), 4200)]
+    texts[10] = "a \uffff b"
+    texts[4150] = "\uffff"
+    extra = ["zebra \uffff quickly", "", "The cat"]
+    words, (codes, more) = WordCodes.fit_codes(texts, pa.array(extra))
+    fitted = WordCodes(texts + extra)
+    assert words.table == fitted.table and words.size == fitted.size
+    for got, group in ((codes, texts), (more, extra)):
+        want = _string_codes(fitted, group)
+        np.testing.assert_array_equal(got.codes, want.codes)
+        np.testing.assert_array_equal(got.offsets, want.offsets)
+    # Texts unseen at fit time: the same hashed codes as the strings.
+    unseen = ["yak zebra a", "\uffff yak"]
+    np.testing.assert_array_equal(fitted.codes(unseen).codes, _string_codes(fitted, unseen).codes)
+    assert WordCodes.fit_codes([])[1][0].offsets.tolist() == [0]
