@@ -271,6 +271,7 @@ def child_sample(folder: str) -> dict:
             embeddings=str(root / "data/embeddings/sentences"),
             candidates=str(root / "data/candidates"),
             candidate_embeddings=str(root / "data/embeddings/candidates"),
+            rewrites=None,  # the benchmark's positives are its perturbed copies only
             output=str(root / "data/pairs"),
             metrics=str(root / "metrics/sample.json"),
             m=M,

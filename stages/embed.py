@@ -1,15 +1,16 @@
 """embed: sentence and augmentation-candidate embeddings, L2-normalised, in Parquet shards.
 
-Two datasets are embedded with one encoder: the sentences (``data/sentences``, rows keyed by
-``id``) and the augmentation candidates (``data/candidates``, keyed by ``candidate_id``). Output
+Three datasets are embedded with one encoder: the sentences (``data/sentences``, rows keyed by
+``id``), the back-translation candidates (``data/candidates``) and the LLM rewrites
+(``data/rewrites``), both keyed by ``candidate_id``. Output
 shard ``i`` embeds input shard ``i`` row for row (``embeddings`` schema: ``id`` and a fixed-size
 ``vector``), so the vectors line up with the ids they embed; a killed run keeps its finished
 shards. Texts are deduplicated within a shard and encoded in length-sorted batches.
 
-The candidates dataset comes from the augment stages. When its folder is absent, or ``candidates``
-is null, an empty candidates-embeddings dataset is written and the metrics say why (``status``:
-``absent`` / ``disabled``), so the downstream stages run with negatives only and say so; an
-interrupted (incomplete) candidates dataset is an error.
+The candidates and the rewrites come from the augment stages. When a folder is absent, or its
+param (``candidates``, ``rewrites``) is null, an empty embeddings dataset is written and the
+metrics say why (``status``: ``absent`` / ``disabled``), so the downstream stages run without
+those positives and say so; an interrupted (incomplete) dataset is an error.
 """
 
 from __future__ import annotations
@@ -65,10 +66,14 @@ class EmbedConfig(StageConfig):
     )
     sentences: str = "data/sentences"
     candidates: str | None = Field(
-        "data/candidates", description="augmentation candidates; null: embed sentences only"
+        "data/candidates", description="back-translation candidates; null: not embedded"
+    )
+    rewrites: str | None = Field(
+        "data/rewrites", description="LLM rewrites (rewrite stage); null: not embedded"
     )
     output: str = "data/embeddings/sentences"
     candidates_output: str = "data/embeddings/candidates"
+    rewrites_output: str = "data/embeddings/rewrites"
     metrics: str = "metrics/embed.json"
     threads: int = Field(-1, description="CPU threads for torch; -1: torch's default (all cores)")
 
@@ -122,14 +127,16 @@ def embed_shard(
 # --- the stage --------------------------------------------------------------------------------
 
 
-def _open_candidates(cfg: EmbedConfig) -> tuple[Dataset | None, str]:
-    if cfg.candidates is None:
+def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | None, str]:
+    """An augmentations dataset (``candidates`` schema) to embed, and its status."""
+    if path_or_none is None:
         return None, "disabled"
-    path = Path(cfg.candidates)
+    path = Path(path_or_none)
     if not path.exists():
         log.warning(
-            "embed: no candidates dataset at %s (run the augment stages first): only sentences "
-            "are embedded, and sample will have no positives",
+            "embed: no %s dataset at %s (run the augment stages first): it is not embedded, "
+            "and sample will have no positives from it",
+            name,
             path,
         )
         return None, "absent"
@@ -141,7 +148,15 @@ def _params(cfg: EmbedConfig) -> dict[str, Any]:
     # Device, batch size and threads change results only by float rounding: a run may resume
     # elsewhere.
     return cfg.model_dump(
-        exclude={"device", "batch_size", "threads", "output", "candidates_output", "metrics"}
+        exclude={
+            "device",
+            "batch_size",
+            "threads",
+            "output",
+            "candidates_output",
+            "rewrites_output",
+            "metrics",
+        }
     )
 
 
@@ -296,10 +311,13 @@ def _embed_dataset(
 
 
 def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
-    """Embed the sentences, then the candidates; returns the metrics written to ``cfg.metrics``."""
+    """Embed the sentences, then the candidates and the rewrites; returns the metrics written
+    to ``cfg.metrics``."""
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
-    candidates, status = _open_candidates(cfg)
+    candidates, status = _open_augmentations("candidates", cfg.candidates)
+    rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
     lazy = _LazyEncoder(cfg)
+    reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
     info, sent_metrics = _embed_dataset(
         "sentences", sentences, S.ID, cfg.output, cfg, lazy, None, progress, "embedded"
     )
@@ -313,7 +331,20 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         info,
         progress,
         status,
-        reuse=_SentenceVectors(cfg, sentences),
+        reuse=reuse,
+        also=sentences,
+    )
+    _, rw_metrics = _embed_dataset(
+        "rewrites",
+        rewrites,
+        S.CANDIDATE_ID,
+        cfg.rewrites_output,
+        cfg,
+        lazy,
+        info,
+        progress,
+        rw_status,
+        reuse=reuse,
         also=sentences,
     )
     dim, dtype = embeddings_layout(cfg.output)
@@ -326,14 +357,17 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         "dim": dim,
         "sentences": sent_metrics,
         "candidates": cand_metrics,
+        "rewrites": rw_metrics,
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.metrics), metrics)
     log.info(
-        "embed: %d sentences and %d candidates (%s), %d-d %s vectors",
+        "embed: %d sentences, %d candidates (%s) and %d rewrites (%s), %d-d %s vectors",
         sent_metrics["rows"],
         cand_metrics["rows"],
         status,
+        rw_metrics["rows"],
+        rw_status,
         dim,
         dtype,
     )
@@ -364,12 +398,16 @@ def command(
     candidates_output: Annotated[
         str | None, typer.Option(help="Candidate embeddings folder.")
     ] = None,
+    rewrites: Annotated[str | None, typer.Option(help="LLM rewrites dataset folder.")] = None,
+    rewrites_output: Annotated[
+        str | None, typer.Option(help="LLM rewrite embeddings folder.")
+    ] = None,
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
     params: ParamsOpt = "params.yaml",
     progress: ProgressOpt = True,
 ) -> None:
-    """Embed the sentences and the augmentation candidates with one encoder.
+    """Embed the sentences, the augmentation candidates and the LLM rewrites with one encoder.
 
     Every option defaults to the key of the same name in the `embed` section of params.yaml.
     Vectors are L2-normalised and stored in shards aligned with the ids they embed.

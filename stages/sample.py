@@ -3,7 +3,8 @@
 Per anchor, score then decide:
 
 1. **Score** every candidate of its negative pool (from ``mine``) and of its positive pool (its
-   augmentation candidates; copies identical to the anchor skipped and counted): edit distance to
+   augmentations: the back-translations of ``candidates`` and the LLM rewrites of ``rewrites``,
+   route ``llm``; copies identical to the anchor skipped and counted): edit distance to
    the anchor (``edit_kind``/``edit_normalized``/``edit_metric``; ``edit_backend``: the numba
    kernels by default, rapidfuzz as the reference and fallback, the same distances), cosine,
    S_sur and S_sem (eqs. 1-2), P_neg (eqs. 3-4, λn) and P_pos (eqs. 5-6, λp), softmax
@@ -60,7 +61,13 @@ from stages.mining.inputs import (
     load_vectors,
     open_embeddings,
 )
-from stages.mining.sampling import EDIT_INDEX, DrawParams, open_positives, sample_shard
+from stages.mining.sampling import (
+    EDIT_INDEX,
+    DrawParams,
+    PositiveSource,
+    open_positives,
+    sample_shard,
+)
 
 log = logging.getLogger("pairforge")
 
@@ -73,8 +80,14 @@ class SampleConfig(StageConfig):
     sentences: str = "data/sentences"
     pools: str = "data/pools"
     embeddings: str = "data/embeddings/sentences"
-    candidates: str | None = Field("data/candidates", description="null: negatives only")
+    candidates: str | None = Field(
+        "data/candidates", description="back-translation candidates (positives); null: none"
+    )
     candidate_embeddings: str = "data/embeddings/candidates"
+    rewrites: str | None = Field(
+        "data/rewrites", description="LLM rewrites (rewrite stage), more positives; null: none"
+    )
+    rewrite_embeddings: str = "data/embeddings/rewrites"
     output: str = "data/pairs"
     metrics: str = "metrics/sample.json"
     m: int = Field(2, ge=1, description="negatives drawn per anchor (DebCSE: 2)")
@@ -125,6 +138,12 @@ def _scorer(cfg: SampleConfig, texts: pa.Array, positives: pa.Table) -> tuple[Pa
     return scorer, positives.append_column(EDIT_INDEX, index)
 
 
+def _route_counts(positives: pa.Table) -> dict[str, int]:
+    """Positive candidates per route over all sources (``llm``: the LLM rewrites)."""
+    counts = pc.value_counts(positives[S.ROUTE].combine_chunks()).to_pylist()
+    return {c["values"]: c["counts"] for c in sorted(counts, key=lambda c: c["values"])}
+
+
 def _post_stats(path: str) -> dict[str, dict[str, Any]]:
     """Score distributions of the sampled items and entropy ratios, read back from the shards."""
     cols = [f"{side}_{s}" for side in ("negative", "positive") for s in ("cos", "edit", "prob")]
@@ -156,9 +175,11 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
     ids = table[S.ID].combine_chunks()
     texts = table[S.TEXT].combine_chunks()
     sent_vectors = load_vectors(sent_emb, ids)
-    positives, pos_facts, candidates, cand_emb = open_positives(
-        cfg.candidates, cfg.candidate_embeddings, sent_emb, ids, sent_vectors
-    )
+    sources = [
+        PositiveSource("candidates", cfg.candidates, cfg.candidate_embeddings, "candidates"),
+        PositiveSource("rewrites", cfg.rewrites, cfg.rewrite_embeddings, "rewrites"),
+    ]
+    positives, pos_facts, pos_datasets = open_positives(sources, sent_emb, ids, sent_vectors)
     del sent_vectors
     mined = pools.manifest.get("params", {})
     if mined.get("min_pool", cfg.m) < cfg.m:
@@ -177,8 +198,7 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
             "sentences": sentences,
             "pools": pools,
             "embeddings": sent_emb,
-            "candidates": candidates,
-            "candidate_embeddings": cand_emb,
+            **pos_datasets,  # candidates, candidates_embeddings, rewrites, rewrites_embeddings
         },
     )
     writer = DatasetWriter(
@@ -233,7 +253,9 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         "anchors": pools.num_rows,
         "rows": manifest["rows"],
         "counts": totals,
-        "candidates": pos_facts,
+        "candidates": pos_facts["candidates"],
+        "rewrites": pos_facts["rewrites"],
+        "positive_routes": _route_counts(positives),
         "entropy_ratio": {side: dists[f"{side}_entropy"] for side in ("negative", "positive")},
         "scores": {k: v for k, v in dists.items() if not k.endswith("entropy")},
         "edit": {
@@ -297,7 +319,10 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
         "corpus_license": cfg.corpus_license,
         "sentences": sentences.num_rows,
         "inputs": [str(x) for x in ingest.get("inputs", [])],
-        "augmentations": f"{pos_facts.get('rows', 0):,} candidates ({pos_facts.get('status')})",
+        "augmentations": "; ".join(
+            f"{facts.get('rows', 0):,} {name} ({facts.get('status')})"
+            for name, facts in pos_facts.items()
+        ),
     }
     columns = [(f.name, str(f.type)) for f in S.PAIRS.schema]
 
@@ -353,6 +378,10 @@ def command(
     embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
     candidate_embeddings: Annotated[
         str | None, typer.Option(help="Candidate embeddings folder.")
+    ] = None,
+    rewrites: Annotated[str | None, typer.Option(help="LLM rewrites dataset folder.")] = None,
+    rewrite_embeddings: Annotated[
+        str | None, typer.Option(help="LLM rewrite embeddings folder.")
     ] = None,
     positive_route: Annotated[
         str | None, typer.Option(help="Route of positive_text (DenoSent).")

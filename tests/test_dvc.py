@@ -62,6 +62,7 @@ def test_every_stage_is_in_the_dvc_pipeline_and_it_resolves(project):
         ("ingest", "backtranslate"),
         ("standin", "backtranslate"),
         ("backtranslate", "embed"),
+        ("rewrite", "embed"),
         ("embed", "mine"),
         ("mine", "sample"),
         ("sample", "report"),

@@ -1,11 +1,13 @@
 """The ``sample`` stage's pure per-shard function: score a batch of anchors' pools, draw, and
 build its ``pairs`` rows (Arrow tables in, an Arrow table out; no files, no globals); and
-``open_positives``, which reads the positive pools (the candidates and their embeddings)."""
+``open_positives``, which reads the positive pools (the back-translation candidates and the LLM
+rewrites, each with its embeddings)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError, PairforgeError
+from pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
 from pipeline.shards import Dataset, open_dataset
 from stages.mining.edits import PairScorer
 from stages.mining.inputs import (
@@ -195,17 +197,23 @@ def sample_shard(
     return table, counts, seconds
 
 
-def open_positives(
-    candidates_path: str | None,
-    embeddings_path: str,
-    sent_embeddings: Dataset,
-    sent_ids: pa.Array,
-    sent_vectors: np.ndarray,
-) -> tuple[pa.Table, dict[str, Any], Dataset | None, Dataset | None]:
-    """All candidates (the positive pools) with their cosine to their anchor, sorted by anchor
-    row (columns ``row``, ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``,
-    ``cos``), facts for the metrics, and the two datasets read (None when absent)."""
-    empty = pa.table(
+@dataclass(frozen=True)
+class PositiveSource:
+    """One dataset of positive candidates (``candidates`` schema) and its embeddings.
+
+    ``name`` keys the metrics and the fingerprint (``candidates``: back-translations,
+    ``rewrites``: LLM rewrites); ``path`` None means disabled. ``embed_key`` is the ``embed``
+    param that embeds it, for error messages.
+    """
+
+    name: str
+    path: str | None
+    embeddings: str
+    embed_key: str
+
+
+def _empty_positives() -> pa.Table:
+    return pa.table(
         {
             S.ROW: pa.array([], pa.int64()),
             S.CANDIDATE_ID: pa.array([], pa.string()),
@@ -216,15 +224,28 @@ def open_positives(
             COS: pa.array([], pa.float32()),
         }
     )
-    if candidates_path is None:
-        return empty, {"status": "disabled", "rows": 0}, None, None
-    if not Path(candidates_path).exists():
-        log.warning(
-            "sample: no candidates dataset at %s: no positives will be sampled", candidates_path
-        )
-        return empty, {"status": "absent", "rows": 0}, None, None
-    candidates = open_dataset(candidates_path, S.CANDIDATES)
-    cand_emb = open_embeddings(embeddings_path)
+
+
+def _read_source(
+    source: PositiveSource, sent_embeddings: Dataset, sent_ids: pa.Array, sent_vectors: np.ndarray
+) -> tuple[list[pa.Table], dict[str, Any], Dataset | None, Dataset | None]:
+    """One source's candidates with their cosine to their anchor (unsorted parts), its facts
+    for the metrics, and the two datasets read (None when absent, disabled or not needed)."""
+    if source.path is None:
+        return [], {"status": "disabled", "rows": 0}, None, None
+    if not Path(source.path).exists():
+        log.warning("sample: no %s dataset at %s: no positives from it", source.name, source.path)
+        return [], {"status": "absent", "rows": 0}, None, None
+    candidates = open_dataset(source.path, S.CANDIDATES)  # a schema mismatch says so here
+    if candidates.num_rows == 0:  # e.g. the demo's rewrites (rewrite disabled): nothing to embed
+        return [], {"status": "empty", "rows": 0}, candidates, None
+    try:
+        cand_emb = open_embeddings(source.embeddings)
+    except IncompleteDatasetError as exc:
+        raise IncompleteDatasetError(
+            f"{exc}; it should embed the {candidates.num_rows} rows of {source.path}: run embed "
+            f"(embed.{source.embed_key}: {source.path})"
+        ) from None
     d_s, _ = embeddings_layout(sent_embeddings.path)
     d_c, _ = embeddings_layout(cand_emb.path)
     if d_s != d_c:
@@ -267,9 +288,51 @@ def open_positives(
                 }
             )
         )
-    table = pa.concat_tables([empty, *parts]).combine_chunks()
-    order = np.argsort(table[S.ROW].to_numpy(), kind="stable")
-    facts = {"status": "used", "rows": candidates.num_rows, "orphans": orphans}
     if orphans:
-        log.warning("sample: %d candidates belong to no sentence (stale candidates?)", orphans)
-    return table.take(pa.array(order)), facts, candidates, cand_emb
+        log.warning(
+            "sample: %d %s belong to no sentence (stale %s?)", orphans, source.name, source.path
+        )
+    facts = {"status": "used", "rows": candidates.num_rows, "orphans": orphans}
+    return parts, facts, candidates, cand_emb
+
+
+def open_positives(
+    sources: Sequence[PositiveSource],
+    sent_embeddings: Dataset,
+    sent_ids: pa.Array,
+    sent_vectors: np.ndarray,
+) -> tuple[pa.Table, dict[str, dict[str, Any]], dict[str, Dataset | None]]:
+    """The positive pools of every anchor, from all ``sources`` (back-translations, LLM
+    rewrites): one table sorted by anchor row, each anchor's candidates in source order (columns
+    ``row``, ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``), facts per
+    source for the metrics, and the datasets read by name (``<name>`` and
+    ``<name>_embeddings``; None when not read) for the fingerprint.
+
+    The ``route`` column says where a positive came from (``en-zh-en``, ..., ``llm`` for the
+    rewrite stage's rewrites); candidate ids must be unique across the sources.
+    """
+    parts: list[pa.Table] = []
+    facts: dict[str, dict[str, Any]] = {}
+    datasets: dict[str, Dataset | None] = {}
+    seen_ids: list[pa.ChunkedArray] = []
+    for source in sources:
+        found, facts[source.name], data, emb = _read_source(
+            source, sent_embeddings, sent_ids, sent_vectors
+        )
+        datasets[source.name], datasets[f"{source.name}_embeddings"] = data, emb
+        if found:
+            ids = pa.chunked_array([t[S.CANDIDATE_ID] for t in found], pa.string())
+            for earlier in seen_ids:
+                clash = pc.is_in(ids, value_set=earlier.combine_chunks())
+                if pc.any(clash).as_py():
+                    first = ids.filter(clash)[0].as_py()
+                    raise DataIntegrityError(
+                        f"sample: candidate id {first!r} of {source.path} is also in another "
+                        "positive source; candidate ids must be unique across candidates and "
+                        "rewrites"
+                    )
+            seen_ids.append(ids)
+        parts += found
+    table = pa.concat_tables([_empty_positives(), *parts]).combine_chunks()
+    order = np.argsort(table[S.ROW].to_numpy(), kind="stable")
+    return table.take(pa.array(order)), facts, datasets

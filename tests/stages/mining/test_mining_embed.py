@@ -1,4 +1,5 @@
-"""embed: a tiny BERT built in the test; poolings, length-sorted batches, storage, candidates."""
+"""embed: a tiny BERT built in the test; poolings, length-sorted batches, storage, candidates
+and LLM rewrites."""
 
 from __future__ import annotations
 
@@ -6,11 +7,19 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from mining_helpers import copy_project, make_texts, read_json, write_sentences
+from mining_helpers import (
+    candidate_rows,
+    copy_project,
+    make_texts,
+    read_json,
+    write_candidates,
+    write_sentences,
+)
 
 from pipeline import schemas as S
 from pipeline.errors import IncompleteDatasetError, PairforgeError
 from pipeline.shards import open_dataset
+from pipeline.text import sentence_id
 from stages.embed import EmbedConfig, embed_shard, run
 from stages.mining.encoder import TextEncoder
 from stages.mining.inputs import load_vectors, open_embeddings
@@ -101,6 +110,8 @@ def _cfg(root, model, **kw) -> EmbedConfig:
         candidates=str(root / "data/candidates"),
         output=str(root / "data/embeddings/sentences"),
         candidates_output=str(root / "data/embeddings/candidates"),
+        rewrites=str(root / "data/rewrites"),
+        rewrites_output=str(root / "data/embeddings/rewrites"),
         metrics=str(root / "metrics/embed.json"),
     )
     return EmbedConfig(**{**base, **kw})
@@ -164,3 +175,28 @@ def test_interrupted_candidates_are_an_error(tiny_bert, tmp_path):
     (tmp_path / "data/candidates/_progress").mkdir(parents=True)
     with pytest.raises(IncompleteDatasetError, match="interrupted"):
         run(_cfg(tmp_path, tiny_bert), progress=False)
+
+
+def test_rewrites_are_embedded_like_candidates(tiny_bert, tmp_path):
+    texts = make_texts(30)
+    write_sentences(tmp_path / "data/sentences", texts, rows_per_shard=15)
+    ids = [sentence_id(t) for t in texts]
+    rows = [
+        {**r, S.ROUTE: "llm", S.ENGINE: "openai", S.CANDIDATE_ID: f"llm-{k}"}
+        for k, r in enumerate(candidate_rows(ids, texts)[:40:4])
+    ]
+    write_candidates(tmp_path / "data/rewrites", rows, rows_per_shard=5)
+    metrics = run(_cfg(tmp_path, tiny_bert, candidates=None), progress=False)
+    assert metrics["candidates"]["status"] == "disabled"
+    assert metrics["rewrites"]["status"] == "embedded" and metrics["rewrites"]["rows"] == 10
+    emb = open_embeddings(tmp_path / "data/embeddings/rewrites")
+    assert len(emb) == 2 and emb.manifest["encoder"]["pooling"] == "mean"
+    vectors = load_vectors(emb, pa.array([r[S.CANDIDATE_ID] for r in rows]))
+    other = next(k for k, r in enumerate(rows) if not r[S.IDENTICAL])
+    direct = TextEncoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
+        [rows[other][S.TEXT]]
+    )
+    np.testing.assert_allclose(vectors[other], direct[0], atol=1e-5)
+    off = run(_cfg(tmp_path, tiny_bert, rewrites=None), progress=False)
+    assert off["rewrites"]["status"] == "disabled"
+    assert open_embeddings(tmp_path / "data/embeddings/rewrites").num_rows == 0

@@ -7,18 +7,21 @@ import math
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
-from mining_helpers import copy_project, read_json, unit, write_embeddings
+from mining_helpers import copy_project, read_json, unit, write_candidates, write_embeddings
 from rapidfuzz.distance import Levenshtein
 from scipy.stats import chisquare
 
 from pipeline import schemas as S
-from pipeline.errors import PairforgeError
+from pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
+from pipeline.schemas import SchemaError
 from pipeline.shards import open_dataset
 from stages.mine import MineConfig
 from stages.mine import run as mine
 from stages.mining.card import CARD
 from stages.mining.edits import tokenize_words
+from stages.mining.inputs import load_vectors, open_embeddings
 from stages.mining.pairs import draw, score_pools
 from stages.sample import SampleConfig, run
 
@@ -32,6 +35,8 @@ def _paths(root) -> dict:
         embeddings=str(root / "data/embeddings/sentences"),
         candidates=str(root / "data/candidates"),
         candidate_embeddings=str(root / "data/embeddings/candidates"),
+        rewrites=str(root / "data/rewrites"),
+        rewrite_embeddings=str(root / "data/embeddings/rewrites"),
         output=str(root / "data/pairs"),
         metrics=str(root / "metrics/sample.json"),
     )
@@ -422,3 +427,143 @@ def test_small_anchor_batches_cover_every_anchor(mined, tmp_path):
     sentences = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])
     assert table[S.ID].equals(sentences[S.ID])
     assert metrics["counts"]["anchors"] == 240 and metrics["rows"] == 240
+
+
+# --- the LLM rewrites as a second positive source ------------------------------------------------
+
+
+def _rewrite_rows(n: int, root) -> list[dict]:
+    """Rewrites (route llm, as the rewrite stage writes them) of the first n sentences: the
+    words reversed, so that each differs from its sentence and from its candidates."""
+    table = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID, S.TEXT])
+    rows = []
+    for sid, text in list(zip(*table.to_pydict().values(), strict=True))[:n]:
+        rewrite = " ".join(text.split()[::-1])
+        rows.append(
+            {
+                S.ID: sid,
+                S.CANDIDATE_ID: f"llm-{sid}",
+                S.TEXT: rewrite,
+                S.ROUTE: "llm",
+                S.ENGINE: "openai",
+                S.MODEL: "test-llm",
+                S.DECODING: "chat(temperature=1.0,max_tokens=128)",
+                S.NOISE: "none",
+                S.NOISED_TEXT: text,
+                S.PIVOT: None,
+                S.IDENTICAL: False,
+                S.LENGTH_RATIO: 1.0,
+                S.EDIT_RATIO: 0.5,
+            }
+        )
+    return rows
+
+
+def _write_rewrites(root, n: int, with_embeddings: bool = True) -> list[dict]:
+    rows = _rewrite_rows(n, root)
+    write_candidates(root / "data/rewrites", rows, rows_per_shard=50)
+    if with_embeddings:
+        ids = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID]
+        v = load_vectors(open_embeddings(root / "data/embeddings/sentences"), ids.combine_chunks())
+        rng = np.random.default_rng(5)
+        rv = unit(v[:n] + 0.3 * rng.standard_normal((n, v.shape[1])))
+        shards = [len(rows[i : i + 50]) for i in range(0, n, 50)]
+        write_embeddings(
+            root / "data/embeddings/rewrites", [r[S.CANDIDATE_ID] for r in rows], rv, shards, INFO
+        )
+    return rows
+
+
+def test_rewrites_are_a_second_positive_source(mined, tmp_path):
+    root = copy_project(mined, tmp_path)
+    rewrites = {r[S.ID]: r for r in _write_rewrites(root, 120)}
+    # m_positive above every pool size: each usable positive is drawn, so all can be checked.
+    metrics = run(_cfg(root, m_positive=8), progress=False)
+    assert metrics["rewrites"] == {"status": "used", "rows": 120, "orphans": 0}
+    assert metrics["positive_routes"]["llm"] == 120
+    pairs = open_dataset(root / "data/pairs", S.PAIRS).read_table().to_pylist()
+    cands = open_dataset(root / "data/candidates", S.CANDIDATES).read_table().to_pylist()
+    usable = {}
+    for c in cands:
+        usable[c[S.ID]] = usable.get(c[S.ID], 0) + (not c[S.IDENTICAL])
+    ids = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID]
+    vectors = load_vectors(
+        open_embeddings(root / "data/embeddings/sentences"), ids.combine_chunks()
+    )
+    rv = load_vectors(
+        open_embeddings(root / "data/embeddings/rewrites"),
+        pa.array([f"llm-{x}" for x in ids.to_pylist()[:120]]),
+    )
+    row_of = {x: i for i, x in enumerate(ids.to_pylist())}
+    seen = 0
+    for row in pairs:
+        own = rewrites.get(row[S.ID])
+        assert row["positive_pool_size"] == usable[row[S.ID]] + (own is not None)
+        assert ("llm" in row[S.POSITIVE_ROUTES]) == (own is not None)
+        if own is None:
+            continue
+        j = row[S.POSITIVE_ROUTES].index("llm")
+        assert row[S.POSITIVE_IDS][j] == own[S.CANDIDATE_ID]
+        assert row[S.POSITIVE_TEXTS][j] == own[S.TEXT]
+        want = Levenshtein.normalized_distance(
+            tokenize_words(row[S.TEXT]), tokenize_words(own[S.TEXT])
+        )
+        assert row["positive_edit"][j] == pytest.approx(want, abs=1e-6)
+        cos = float(vectors[row_of[row[S.ID]]] @ rv[row_of[row[S.ID]]])
+        assert row["positive_cos"][j] == pytest.approx(cos, abs=1e-5)
+        seen += 1
+    assert seen == 120
+    # DenoSent's single positive can come from the LLM route.
+    shutil.rmtree(root / "data/pairs")
+    run(_cfg(root, positive_route="llm"), progress=False)
+    table = open_dataset(root / "data/pairs", S.PAIRS).read_table([S.ID, S.POSITIVE_TEXT_ID])
+    got = dict(zip(*table.to_pydict().values(), strict=True))
+    assert all(got[sid] == r[S.CANDIDATE_ID] for sid, r in rewrites.items())
+    assert sum(v is None for v in got.values()) == 240 - 120
+
+
+def test_empty_rewrites_change_nothing(mined, sampled, tmp_path):
+    from stages.rewrite import RewriteConfig
+    from stages.rewrite import run as rewrite
+
+    root, _ = sampled
+    other = copy_project(mined, tmp_path)
+    # The demo's case: rewrite disabled writes an empty, complete dataset; embed not rerun.
+    rewrite(
+        RewriteConfig(
+            enabled=False,
+            output=str(other / "data/rewrites"),
+            quarantine=str(other / "data/quarantine/rewrite"),
+            metrics=str(other / "metrics/rewrite.json"),
+        ),
+        None,
+    )
+    metrics = run(_cfg(other, corpus_name="test corpus", corpus_license="CC0-1.0"), progress=False)
+    assert metrics["rewrites"] == {"status": "empty", "rows": 0}
+    a = open_dataset(root / "data/pairs", S.PAIRS)
+    b = open_dataset(other / "data/pairs", S.PAIRS)
+    assert [s["sha256"] for s in a.manifest["shards"]] == [
+        s["sha256"] for s in b.manifest["shards"]
+    ]
+    off = run(_cfg(other, rewrites=None, output=str(other / "off")), progress=False)
+    assert off["rewrites"]["status"] == "disabled"
+
+
+def test_rewrites_schema_and_embedding_errors(mined, tmp_path):
+    root = copy_project(mined, tmp_path)
+    shutil.copytree(root / "data/sentences", root / "data/rewrites")  # a sentences dataset
+    with pytest.raises(SchemaError, match="data/rewrites.*expected schema candidates"):
+        run(_cfg(root), progress=False)
+    shutil.rmtree(root / "data/rewrites")
+    _write_rewrites(root, 30, with_embeddings=False)
+    with pytest.raises(IncompleteDatasetError, match=r"run embed \(embed.rewrites"):
+        run(_cfg(root), progress=False)
+    shutil.rmtree(root / "data/rewrites")
+    rows = _rewrite_rows(3, root)
+    cand = open_dataset(root / "data/candidates", S.CANDIDATES).read_table([S.CANDIDATE_ID])
+    rows[1][S.CANDIDATE_ID] = cand[S.CANDIDATE_ID][0].as_py()  # an id the candidates hold
+    write_candidates(root / "data/rewrites", rows, rows_per_shard=50)
+    ids = [r[S.CANDIDATE_ID] for r in rows]
+    write_embeddings(root / "data/embeddings/rewrites", ids, unit(np.ones((3, 16))), [3], INFO)
+    with pytest.raises(DataIntegrityError, match="unique across candidates and rewrites"):
+        run(_cfg(root), progress=False)
