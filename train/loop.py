@@ -45,6 +45,7 @@ from train.export import export_model
 from train.objectives import OBJECTIVES, check_columns
 from train.objectives.base import BuildContext, Objective
 from train.optim import build_optimizer, build_schedule, warmup_steps
+from train.runtime import run_settings
 
 log = logging.getLogger("pairforge")
 
@@ -228,12 +229,6 @@ class Trainer:
             raise ConfigError(
                 f"train.batch_size ({s.batch_size}) must be a multiple of the {self.world} processes"
             )
-        if s.threads > 0:
-            torch.set_num_threads(s.threads)
-        if s.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
-            torch.backends.cudnn.benchmark = False
         seed_everything(s.seed + dist.rank())
         tokenizer, encoder, head, self.load_report = load_model(
             s.model, self.objective_cls.wants_mlm_head()
@@ -480,18 +475,13 @@ class Trainer:
     def run(self) -> dict[str, Any]:
         """Train to the end (or resume and finish); returns the run's summary and history.
 
-        Process-wide torch settings changed for the run (threads, deterministic algorithms) are
-        restored when it returns.
+        Process-wide settings changed for the run (threads, deterministic kernels, on a CPU the
+        retention of freed host memory: ``train/runtime.py``) are restored when it returns.
         """
-        threads, deterministic = (
-            torch.get_num_threads(),
-            torch.are_deterministic_algorithms_enabled(),
-        )
-        try:
+        s = self.settings
+        on_cpu = pick_device(s.device).startswith("cpu")
+        with run_settings(s.threads, s.deterministic, keep_memory=on_cpu):
             return self._run()
-        finally:
-            torch.set_num_threads(threads)
-            torch.use_deterministic_algorithms(deterministic)
 
     def _run(self) -> dict[str, Any]:
         finished = self._finished() if dist.is_main() else None

@@ -1,0 +1,85 @@
+"""Process-wide run settings: restored after a run, freed memory kept during it, and a run with
+them trains to bitwise the same weights as one with torch's NaN fill and glibc's defaults."""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from stages import train as T
+from tests.train.builders import pairs_rows, write_pairs
+from tests.train.test_loop import config
+from train import loop, runtime
+
+
+def test_run_settings_apply_inside_and_restore_after():
+    threads = torch.get_num_threads()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    assert not torch.are_deterministic_algorithms_enabled()
+    with runtime.run_settings(threads=threads + 1, deterministic=True, keep_memory=True):
+        assert torch.get_num_threads() == threads + 1
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    assert torch.get_num_threads() == threads
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory is fill
+
+
+def _faults_to_reallocate(megabytes: int) -> int:
+    """Minor page faults for allocating and writing ``megabytes`` again after freeing them."""
+    block = torch.empty(megabytes << 18).fill_(1.0)  # float32: 4 bytes each
+    del block
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.empty(megabytes << 18).fill_(2.0)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(runtime._glibc() is None, reason="glibc only")
+def test_kept_memory_is_reused_without_faulting_it_in_again():
+    pages = (64 << 20) // resource.getpagesize()
+    # glibc's default maps a 64 MB block afresh each time (above its 32 MiB mmap ceiling).
+    assert _faults_to_reallocate(64) > pages // 2
+    with runtime.keep_host_memory() as kept:
+        assert kept
+        with runtime.keep_host_memory():  # nested: the inner exit keeps the outer's settings
+            pass
+        _faults_to_reallocate(64)  # the first time grows the heap
+        assert _faults_to_reallocate(64) < pages // 10
+    assert _faults_to_reallocate(64) > pages // 2
+
+
+@contextlib.contextmanager
+def _torch_and_glibc_defaults(threads: int, deterministic: bool, keep_memory: bool):
+    """The settings before train/runtime.py: NaN-filled new tensors, glibc's own allocator."""
+    saved = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+
+
+def test_a_run_trains_to_the_same_weights_as_with_torch_and_glibc_defaults(
+    tmp_path, tiny_sentences, tiny_model_dir, sts_dir, monkeypatch
+):
+    pairs = write_pairs(tmp_path / "pairs", pairs_rows(tiny_sentences * 2), rows_per_shard=5)
+    common = dict(max_steps=8, save_every=4, eval_every=0, buffer_size=6, lr=1e-3)
+    tuned = config(tmp_path / "tuned", tiny_model_dir, sts_dir, "simcse", pairs, **common)
+    plain = config(tmp_path / "plain", tiny_model_dir, sts_dir, "simcse", pairs, **common)
+    T.run(tuned, progress=False)
+    monkeypatch.setattr(loop, "run_settings", _torch_and_glibc_defaults)
+    T.run(plain, progress=False)
+    expected = load_file(
+        str(tmp_path / "plain" / "models" / "simcse" / "model" / "model.safetensors")
+    )
+    got = load_file(str(tmp_path / "tuned" / "models" / "simcse" / "model" / "model.safetensors"))
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
