@@ -116,11 +116,12 @@ def pair_kernel(
     ``(codes_b, off_b)`` for every p, written to ``out_float`` (normalised) or ``out_int``.
 
     ``max_len`` bounds every sequence length (it sizes the per-thread scratch); ``threads`` is
-    numba's thread count (the work is cut into up to 8 chunks per thread). Levenshtein
+    numba's thread count (the work is cut into up to 2 chunks per thread). Levenshtein
     normalises by ``max(len_a, len_b)``, Indel by ``len_a + len_b``; 0 when that is 0.
     """
     n_pairs = idx_a.size
-    n_chunks = min(max(n_pairs // 256, 1), 8 * threads)
+    # Few chunks: each allocates ~1 MiB of zeroed tables, which small calls would feel.
+    n_chunks = min(max(n_pairs // 4096, 1), 2 * threads)
     bound = max(min(max_len, BLOCK_MAX), 1)
     bits = 7
     while (1 << bits) < 2 * bound:

@@ -485,6 +485,9 @@ def numba_unavailable() -> str | None:
     return _NUMBA_STATUS[0]
 
 
+_PARALLEL_MIN_PAIRS = 16384  # fewer pairs are scored on the calling thread alone
+
+
 def _numba_threads(threads: int) -> int:
     import numba
 
@@ -532,7 +535,9 @@ def code_distances(
     out_float = np.empty(n if normalized else 0, dtype=np.float32)
     if n:
         before = numba.get_num_threads()
-        n_threads = _numba_threads(threads)
+        # Waking numba's worker threads costs up to a scheduler slice (~10 ms measured on a
+        # busy 2-core machine): more than a small call's whole work.
+        n_threads = _numba_threads(threads) if n >= _PARALLEL_MIN_PAIRS else 1
         numba.set_num_threads(n_threads)
         try:
             pair_kernel(

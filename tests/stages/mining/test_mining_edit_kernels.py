@@ -139,8 +139,9 @@ def test_many_pairs_threads_and_row_checks():
     rng = np.random.default_rng(1)
     seqs = [rng.integers(0, 50, rng.integers(0, 140)).tolist() for _ in range(400)]
     codes = _codes(seqs)
-    a = rng.integers(0, 400, 5000)
-    b = rng.integers(0, 400, 5000)
+    # Above edits._PARALLEL_MIN_PAIRS: the calls below run on several threads and chunks.
+    a = rng.integers(0, 400, 40_000)
+    b = rng.integers(0, 400, 40_000)
     want = [Levenshtein.normalized_distance(seqs[i], seqs[j]) for i, j in zip(a, b, strict=True)]
     for threads in (-1, 1, 2, 64):
         got = code_distances(codes, a, codes, b, threads=threads)
