@@ -133,7 +133,7 @@ def pair_kernel(
         lo = c * n_pairs // n_chunks
         hi = (c + 1) * n_pairs // n_chunks
         direct = np.zeros(DIRECT, np.int64)  # packed (generation, local id) per symbol
-        mask1 = np.zeros(DIRECT, np.uint64)  # one-word match masks by symbol
+        maskd = np.zeros(2 * DIRECT, np.uint64)  # match masks by symbol, patterns of <= 2 words
         keys = np.empty(1 << bits, np.int32)  # the hash table: keys, stamps, local ids
         stamp = np.zeros(1 << bits, np.int64)
         local = np.empty(1 << bits, np.int64)
@@ -183,16 +183,17 @@ def pair_kernel(
                 shift = np.uint64(64 - tbits)
                 words = (m + 63) // 64
 
-                # Match masks of the pattern. One word: straight into ``mask1`` by symbol (kept
-                # all-zero between pairs) for symbols below DIRECT, local ids for the others.
-                # More words: over local ids for every symbol (insert on first sight).
+                # Match masks of the pattern. Up to two words: straight into ``maskd`` by
+                # symbol (``maskd[2 * sym + w]``, kept all-zero between pairs) for symbols below
+                # DIRECT, over local ids in ``pm`` for the others. More words: over local ids
+                # for every symbol (inserted on first sight).
                 k = np.int64(0)
                 for i in range(m):
                     sym = pat[p0 + i]
-                    if words == 1 and sym < DIRECT:
-                        mask1[sym] |= _ONE << np.uint64(i)
+                    if words <= 2 and sym < DIRECT:
+                        maskd[2 * sym + (i >> 6)] |= _ONE << np.uint64(i & 63)
                         continue
-                    if words > 1 and sym < DIRECT:
+                    if sym < DIRECT:
                         entry = direct[sym]
                         if (entry >> _LOCAL_BITS) == gen:
                             lid = entry & local_mask
@@ -227,7 +228,7 @@ def pair_kernel(
                         sym = txt[t0 + j]
                         x = _ZERO
                         if sym < DIRECT:
-                            x = mask1[sym]
+                            x = maskd[2 * sym]
                         else:
                             s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
                             while stamp[s] == gen:
@@ -257,23 +258,19 @@ def pair_kernel(
                     last = _ONE << np.uint64((m - 1) & 63)
                     for j in range(n):
                         sym = txt[t0 + j]
-                        lid = -1
+                        x0 = _ZERO
+                        x1 = _ZERO
                         if sym < DIRECT:
-                            entry = direct[sym]
-                            if (entry >> _LOCAL_BITS) == gen:
-                                lid = entry & local_mask
+                            x0 = maskd[2 * sym]
+                            x1 = maskd[2 * sym + 1]
                         else:
                             s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
                             while stamp[s] == gen:
                                 if keys[s] == sym:
-                                    lid = local[s]
+                                    x0 = pm[2 * local[s]]
+                                    x1 = pm[2 * local[s] + 1]
                                     break
                                 s = (s + 1) & tmask
-                        x0 = _ZERO
-                        x1 = _ZERO
-                        if lid >= 0:
-                            x0 = pm[2 * lid]
-                            x1 = pm[2 * lid + 1]
                         d0 = (((x0 & vp0) + vp0) ^ vp0) | x0 | vn0
                         hp = vn0 | ~(d0 | vp0)
                         hn = d0 & vp0
@@ -302,7 +299,7 @@ def pair_kernel(
                         sym = txt[t0 + j]
                         x = _ZERO
                         if sym < DIRECT:
-                            x = mask1[sym]
+                            x = maskd[2 * sym]
                         else:
                             s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
                             while stamp[s] == gen:
@@ -319,25 +316,24 @@ def pair_kernel(
                     s1 = _ALL
                     for j in range(n):
                         sym = txt[t0 + j]
-                        lid = -1
+                        x0 = _ZERO
+                        x1 = _ZERO
                         if sym < DIRECT:
-                            entry = direct[sym]
-                            if (entry >> _LOCAL_BITS) == gen:
-                                lid = entry & local_mask
+                            x0 = maskd[2 * sym]
+                            x1 = maskd[2 * sym + 1]
                         else:
                             s = np.int64((np.uint64(sym) * _GOLDEN) >> shift)
                             while stamp[s] == gen:
                                 if keys[s] == sym:
-                                    lid = local[s]
+                                    x0 = pm[2 * local[s]]
+                                    x1 = pm[2 * local[s] + 1]
                                     break
                                 s = (s + 1) & tmask
-                        if lid < 0:
-                            continue  # no match: S is unchanged
-                        u = s0 & pm[2 * lid]
+                        u = s0 & x0
                         x = s0 + u
                         carry = _ONE if x < s0 else _ZERO
                         s0 = x | (s0 - u)
-                        u = s1 & pm[2 * lid + 1]
+                        u = s1 & x1
                         s1 = (s1 + u + carry) | (s1 - u)
                     lcs = _popcount(~s0) + _popcount(~s1)
                     dist = m + n - 2 * lcs
@@ -405,11 +401,12 @@ def pair_kernel(
                         for w in range(words):
                             lcs += _popcount(~vp[w])
                         dist = m + n - 2 * lcs
-                if words == 1:
+                if words <= 2:
                     for i in range(m):  # back to all-zero for the next pair
                         sym = pat[p0 + i]
                         if sym < DIRECT:
-                            mask1[sym] = _ZERO
+                            maskd[2 * sym] = _ZERO
+                            maskd[2 * sym + 1] = _ZERO
             if normalized:
                 top = full_a + full_b if indel else max(full_a, full_b)
                 out_float[p] = np.float32(dist / top) if top > 0 else np.float32(0.0)
