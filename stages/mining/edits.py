@@ -1,4 +1,5 @@
-"""Edit distances between anchors and their candidates, vectorised with rapidfuzz.
+"""Edit distances between anchors and their candidates: rapidfuzz (the reference) and compiled
+numba kernels over texts encoded once (the ``sample`` stage's default backend).
 
 This is the ``edit(x_i, x_j)`` of DebCSE eq. 1. The paper says only "edit distance" (citing
 Ristad & Yianilos' string-edit distance); it names neither the unit nor a normalisation, so both
@@ -22,12 +23,14 @@ anything (METHODS.md section 2). Normalised distances differ by less than 1, whi
 candidate in play (then the softmaxes barely sharpen; ``ipw.py`` exposes a temperature for that).
 
 Unit: these functions default to characters (no tokeniser, the same meaning across corpora). The
-``sample`` stage defaults to **words** (``WordCodes`` + ``encoded_distances``): the surface
-similarity DebCSE wants in a hard negative is shared wording, which its own diagnostic counts in
-words (Tables 1 and 4), a changed word then counts once instead of once per letter, and sentences
-encoded once per run score 2-4x faster than characters (benchmarks/mine.py).
+``sample`` stage defaults to **words** (``edit_scorer``: ``WordCodes`` codes, each text encoded
+once per run): the surface similarity DebCSE wants in a hard negative is shared wording, which its
+own diagnostic counts in words (Tables 1 and 4), a changed word then counts once instead of once
+per letter, and short code sequences score several times faster than characters
+(benchmarks/edit_throughput.py).
 
-All functions take ``workers`` as rapidfuzz does: ``-1`` uses every core (the GIL is released).
+The string functions take ``workers`` as rapidfuzz does: ``-1`` uses every core (the GIL is
+released).
 
 **Backends.** The string functions above call rapidfuzz, the reference. The ``sample`` stage
 scores through ``edit_scorer``, whose default backend, ``numba``, encodes each distinct sentence
