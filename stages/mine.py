@@ -5,7 +5,8 @@ One inner-product index over the L2-normalised sentence vectors (so scores are c
 faiss-gpu sees one. For every anchor sentence: its ``k`` nearest neighbours, searched in batches
 of ``query_batch`` queries (temporary memory stays bounded), then the pool rules of
 ``stages.mining.pools``: not itself, not an exact or near duplicate (rapidfuzz ratio), not one of
-its own augmentations (the candidates dataset), cosine inside the band ``[band_low, band_high]``.
+its own augmentations (its back-translations in the candidates dataset and its LLM rewrites in the
+rewrites dataset), cosine inside the band ``[band_low, band_high]``.
 Anchors left with fewer than ``min_pool`` candidates get the ``fallback`` (widen the band, or
 random sentences at or below ``band_high``), recorded on their row.
 
@@ -13,7 +14,8 @@ Output ``data/pools`` (``pools`` schema), shard ``i`` for the anchors of sentenc
 a killed run resumes at the first unfinished anchor shard, with the index reloaded from
 ``<output>/_work`` when it was approximate (a trained IVF or HNSW index is costly to rebuild).
 Metrics: the index (kind, build time, recall@k of an approximate index against exact search on a
-seeded sample), pool sizes, short pools and fallbacks, exclusions by reason.
+seeded sample), pool sizes, short pools and fallbacks, exclusions by reason, and what each source
+of own augmentations held (``augmentations``: the candidates; ``rewrites``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pipeline.config import StageConfig, stage_config
 from pipeline.errors import PairforgeError
 from pipeline.progress import Progress
-from pipeline.shards import DatasetWriter, atomic_write_json, open_dataset
+from pipeline.shards import Dataset, DatasetWriter, atomic_write_json, open_dataset
 from stages.mining.index import measure_recall
 from stages.mining.inputs import (
     ArrowTexts,
     fingerprint,
     load_vectors,
+    merge_augmentations,
     open_embeddings,
     own_augmentations,
 )
@@ -61,6 +64,10 @@ class MineConfig(StageConfig):
     embeddings: str = "data/embeddings/sentences"
     candidates: str | None = Field(
         "data/candidates", description="the anchors' own augmentations, never their negatives"
+    )
+    rewrites: str | None = Field(
+        "data/rewrites",
+        description="the anchors' LLM rewrites (rewrite stage): own augmentations too; null: none",
     )
     output: str = "data/pools"
     metrics: str = "metrics/mine.json"
@@ -192,6 +199,12 @@ def pools_table(
 # --- the stage --------------------------------------------------------------------------------
 
 
+def _open_augmentations(path: str | None) -> Dataset | None:
+    """An own-augmentations dataset (``candidates`` schema, checked here), None when disabled or
+    absent."""
+    return open_dataset(path, S.CANDIDATES) if path and Path(path).exists() else None
+
+
 def _threads(n: int) -> None:
     if n > 0:
         faiss.omp_set_num_threads(n)
@@ -233,11 +246,8 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     _threads(cfg.threads)
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
     embeddings = open_embeddings(cfg.embeddings)
-    candidates = (
-        open_dataset(cfg.candidates, S.CANDIDATES)
-        if cfg.candidates and Path(cfg.candidates).exists()
-        else None
-    )
+    candidates = _open_augmentations(cfg.candidates)
+    rewrites = _open_augmentations(cfg.rewrites)
     table = sentences.read_table([S.ID, S.TEXT])
     if table.num_rows < 2:
         raise PairforgeError(
@@ -245,10 +255,16 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         )
     ids = table[S.ID].combine_chunks()
     texts = ArrowTexts(table[S.TEXT])
-    params = cfg.model_dump(exclude={"output", "metrics", "query_batch", "anchor_batch", "threads"})
-    fp = fingerprint(
-        STAGE, params, {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
+    # The rewrites count by their content, and only when there are some: an empty or absent
+    # rewrites dataset (the demo's, rewrite disabled) leaves the pools and their fingerprint as
+    # they were without one, so a rewritten empty dataset does not recompute every pool.
+    params = cfg.model_dump(
+        exclude={"output", "metrics", "query_batch", "anchor_batch", "threads", "rewrites"}
     )
+    inputs = {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
+    if rewrites is not None and rewrites.num_rows:
+        inputs["rewrites"] = rewrites
+    fp = fingerprint(STAGE, params, inputs)
     writer = DatasetWriter(
         cfg.output, S.POOLS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )
@@ -256,6 +272,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     todo = [i for i in range(len(sentences)) if not writer.is_done(i)]
     index_facts: dict[str, Any] = {}
     aug_facts: dict[str, Any] = {}
+    rewrite_facts: dict[str, Any] = {}
     search_seconds = 0.0
     if todo:
         vectors = load_vectors(embeddings, ids)
@@ -292,7 +309,9 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
         rescore = index_facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
         searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
-        aug_rows, aug_texts, aug_facts = own_augmentations(cfg.candidates, ids)
+        cand_rows, cand_texts, aug_facts = own_augmentations(cfg.candidates, ids, "candidates")
+        rw_rows, rw_texts, rewrite_facts = own_augmentations(cfg.rewrites, ids, "rewrites")
+        aug_rows, aug_texts = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
         bar = Progress(
             "mine", total=len(sentences), skipped=len(sentences) - len(todo), enabled=progress
         )
@@ -358,6 +377,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         "fallback_used": {f: totals.get(f"fallback_{f}", 0) for f in ("widen", "random")},
         "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
         "augmentations": aug_facts,
+        "rewrites": rewrite_facts,
         "computed_shards": len(todo),
         "shards": len(sentences),
         "pool_seconds": round(search_seconds, 3),
@@ -425,6 +445,9 @@ def command(
     sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
     embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
     candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
+    rewrites: Annotated[
+        str | None, typer.Option(help="LLM rewrites dataset folder (own augmentations too).")
+    ] = None,
     output: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     params: ParamsOpt = "params.yaml",

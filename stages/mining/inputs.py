@@ -285,17 +285,23 @@ class ArrowTexts(Sequence):
 
 
 def own_augmentations(
-    path: str | None, sentence_ids: pa.Array
+    path: str | None, sentence_ids: pa.Array, name: str = "candidates"
 ) -> tuple[np.ndarray, pa.Array, dict[str, Any]]:
-    """The candidates of ``path`` sorted by their sentence's row in ``sentence_ids``:
-    ``(rows, texts, facts)``; candidates of no sentence are counted as ``orphans``."""
+    """The augmentations in ``path`` (a ``candidates``-schema dataset: the back-translations, or
+    the LLM rewrites when ``name`` is ``rewrites``) sorted by their sentence's row in
+    ``sentence_ids``: ``(rows, texts, facts)``. ``facts`` is the source's ``status`` (used /
+    empty / absent / disabled) and ``rows``; augmentations of no sentence are counted as
+    ``orphans``. A dataset of another schema raises SchemaError naming it."""
     empty = (np.empty(0, np.int64), pa.array([], pa.string()))
     if path is None:
         return *empty, {"status": "disabled", "rows": 0}
     if not Path(path).exists():
-        log.warning("mine: no candidates dataset at %s: own augmentations cannot be excluded", path)
+        log.warning("mine: no %s dataset at %s: own augmentations cannot be excluded", name, path)
         return *empty, {"status": "absent", "rows": 0}
-    table = open_dataset(path, S.CANDIDATES).read_table([S.ID, S.TEXT])
+    dataset = open_dataset(path, S.CANDIDATES)
+    if dataset.num_rows == 0:  # e.g. the demo's rewrites (rewrite disabled)
+        return *empty, {"status": "empty", "rows": 0}
+    table = dataset.read_table([S.ID, S.TEXT])
     anchor = pc.index_in(table[S.ID], value_set=sentence_ids)
     orphans = anchor.null_count
     keep = pc.is_valid(anchor)
@@ -305,6 +311,17 @@ def own_augmentations(
     facts = {"status": "used", "rows": table.num_rows, "orphans": orphans}
     if orphans:
         log.warning(
-            "mine: %d candidates of %s belong to no sentence (stale candidates?)", orphans, path
+            "mine: %d %s of %s belong to no sentence (stale %s?)", orphans, name, path, name
         )
     return rows[order], texts.take(pa.array(order)), facts
+
+
+def merge_augmentations(
+    parts: Sequence[tuple[np.ndarray, pa.Array]],
+) -> tuple[np.ndarray, pa.Array]:
+    """Several sources' ``(rows, texts)`` from ``own_augmentations`` -> one pair, sorted by row,
+    each sentence's texts in source order (empty sources leave the others as they were)."""
+    rows = np.concatenate([r for r, _ in parts])
+    texts = pa.concat_arrays([t for _, t in parts])
+    order = np.argsort(rows, kind="stable")
+    return rows[order], texts.take(pa.array(order))

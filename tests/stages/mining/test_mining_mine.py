@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,6 +20,7 @@ from mining_helpers import (
 
 from pipeline import schemas as S
 from pipeline.errors import DataIntegrityError
+from pipeline.schemas import SchemaError
 from pipeline.shards import open_dataset
 from pipeline.text import sentence_id
 from stages.mine import MineConfig, run
@@ -38,6 +41,7 @@ def _cfg(root, **kw) -> MineConfig:
         sentences=str(root / "data/sentences"),
         embeddings=str(root / "data/embeddings/sentences"),
         candidates=str(root / "data/candidates"),
+        rewrites=str(root / "data/rewrites"),
         output=str(root / "data/pools"),
         metrics=str(root / "metrics/mine.json"),
     )
@@ -120,6 +124,91 @@ def test_self_duplicates_and_own_augmentations_never_enter(tmp_path):
     ex = metrics["excluded"]
     assert ex["near_duplicate"] >= 1 and ex["exact_duplicate"] >= 1 and ex["own_augmentation"] >= 1
     assert metrics["augmentations"] == {"status": "used", "rows": 4, "orphans": 0}
+
+
+def _rewrite_project(root) -> list[str]:
+    """Anchor 0, a back-translation of it (row 3) and an LLM rewrite of it (row 4) that are both
+    also corpus sentences, a real hard negative (row 5): rows 1-5 sit at cosine 0.5 to the anchor,
+    inside the band, and neither augmentation is a near duplicate of it."""
+    texts = [
+        "The old river bank was quiet after the storm in winter .",
+        "The old river bank was quiet after the rain in winter .",  # near duplicate (one word)
+        "the  OLD river bank was quiet after the storm in winter .",  # same text, normalised
+        "After the storm the river was quiet .",  # row 0's back-translation
+        "In winter, once the storm had passed, the riverbank fell silent .",  # row 0's rewrite
+        "A farmer sold the red harvest near the village market .",  # a real hard negative
+        *make_texts(40, seed=9),
+    ]
+    write_sentences(root / "data/sentences", texts, rows_per_shard=50)
+    ids = [sentence_id(t) for t in texts]
+    aug = candidate_rows(ids[:1], texts[:1])
+    aug[0][S.TEXT] = texts[3]
+    write_candidates(root / "data/candidates", aug, rows_per_shard=10)
+    rewrite = candidate_rows(ids[:1], texts[:1], seed=1)[:1]
+    rewrite[0].update({S.TEXT: texts[4], S.ROUTE: "llm", S.CANDIDATE_ID: "rewrite-0"})
+    write_candidates(root / "data/rewrites", rewrite, rows_per_shard=10)
+    d = 64
+    v = np.zeros((len(texts), d), dtype=np.float32)
+    v[0, 0] = 1.0
+    for i in range(1, 6):  # cosine 0.5 to the anchor
+        v[i, 0], v[i, i] = 0.5, np.sqrt(0.75)
+    rng = np.random.default_rng(0)
+    v[6:, 8:] = rng.standard_normal((len(texts) - 6, d - 8))
+    write_embeddings(root / "data/embeddings/sentences", ids, unit(v + 0.0), [len(texts)])
+    return texts
+
+
+def test_llm_rewrites_are_own_augmentations_too(tmp_path):
+    _rewrite_project(tmp_path)
+    metrics = run(_cfg(tmp_path, k=10, fallback="none"), progress=False)
+    row0 = open_dataset(tmp_path / "data/pools", S.POOLS).read_table().slice(0, 1).to_pylist()[0]
+    assert row0[S.POOL_ROWS] == [5]  # neither the back-translation (3) nor the rewrite (4)
+    assert metrics["excluded"]["own_augmentation"] == 2
+    assert metrics["augmentations"] == {"status": "used", "rows": 4, "orphans": 0}
+    assert metrics["rewrites"] == {"status": "used", "rows": 1, "orphans": 0}
+    fp = open_dataset(tmp_path / "data/pools", S.POOLS).manifest["fingerprint"]
+
+    # The same corpus with the rewrites ignored: the rewrite is a negative like any neighbour.
+    off = _cfg(tmp_path, k=10, fallback="none", rewrites=None, output=str(tmp_path / "off"))
+    metrics = run(off, progress=False)
+    row0 = open_dataset(tmp_path / "off", S.POOLS).read_table().slice(0, 1).to_pylist()[0]
+    assert sorted(row0[S.POOL_ROWS]) == [4, 5]  # equal cosines: either order
+    assert metrics["excluded"]["own_augmentation"] == 1
+    assert metrics["rewrites"] == {"status": "disabled", "rows": 0}
+    assert open_dataset(tmp_path / "off", S.POOLS).manifest["fingerprint"] != fp
+
+
+def test_empty_or_absent_rewrites_change_nothing(project, tmp_path):
+    from stages.rewrite import RewriteConfig
+    from stages.rewrite import run as rewrite
+
+    shards = {}
+    for case in ("absent", "empty", "disabled"):
+        if case == "empty":  # the demo's: rewrite disabled writes an empty, complete dataset
+            rewrite(
+                RewriteConfig(
+                    enabled=False,
+                    output=str(project / "data/rewrites"),
+                    quarantine=str(project / "data/quarantine/rewrite"),
+                    metrics=str(project / "metrics/rewrite.json"),
+                ),
+                None,
+            )
+        out = tmp_path / case
+        cfg = _cfg(project, k=16, output=str(out), metrics=str(tmp_path / f"{case}.json"))
+        cfg = cfg.model_copy(update={"rewrites": None}) if case == "disabled" else cfg
+        metrics = run(cfg, progress=False)
+        assert metrics["rewrites"]["status"] == case and metrics["rewrites"]["rows"] == 0
+        manifest = open_dataset(out, S.POOLS).manifest
+        files = [out / s["file"] for s in manifest["shards"]]
+        shards[case] = (manifest["fingerprint"], [f.read_bytes() for f in files])
+    assert shards["empty"] == shards["absent"] == shards["disabled"]
+
+
+def test_rewrites_of_another_schema_are_a_clear_error(project):
+    shutil.copytree(project / "data/sentences", project / "data/rewrites")  # a sentences dataset
+    with pytest.raises(SchemaError, match="data/rewrites.*expected schema candidates"):
+        run(_cfg(project), progress=False)
 
 
 @pytest.mark.parametrize("fallback", ["random", "widen"])
