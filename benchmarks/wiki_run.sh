@@ -4,7 +4,7 @@
 # lines), then every objective trained from MiniLM-L6 on the same mined pairs with the same
 # steps, batch and seed.
 #
-#     bash benchmarks/wiki_run.sh [OUT=runs/wiki]        # STEPS=150 BATCH=32 to change the run
+#     bash benchmarks/wiki_run.sh [OUT=runs/wiki]        # STEPS=100 BATCH=32 to change the run
 #
 # The params are the demo profile's with the corpus, shard sizes, steps and the full STS test
 # sets swapped in (written to OUT/params.yaml); every stage resumes, so a rerun after a kill
@@ -15,8 +15,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$(mkdir -p "${1:-runs/wiki}" && cd "${1:-runs/wiki}" && pwd)"
 SHARED="${PAIRFORGE_SHARED_DATA:-$(cd "$ROOT/.." && pwd)/shared/data}"
 export PAIRFORGE_SHARED_DATA="$SHARED" DVC_NO_ANALYTICS=1 HF_HUB_OFFLINE=1
-STEPS="${STEPS:-150}" BATCH="${BATCH:-32}"
+STEPS="${STEPS:-100}" BATCH="${BATCH:-32}"
 OBJECTIVES="${OBJECTIVES:-simcse debcse denosent bsl infocse cotbert}"
+# STAGES="" trains and evaluates on the pairs already mined (a stage whose code changed reruns).
+STAGES="${STAGES-ingest standin backtranslate rewrite embed mine sample report pretrain}"
 
 python - "$ROOT/pipeline/presets/demo.yaml" "$OUT/params.yaml" "$SHARED" "$STEPS" "$BATCH" <<'PY'
 import sys, yaml
@@ -33,7 +35,7 @@ yaml.safe_dump(p, open(out, "w"), sort_keys=False)
 PY
 
 cd "$OUT"
-for stage in ingest standin backtranslate rewrite embed mine sample report pretrain; do
+for stage in $STAGES; do
   echo "== $stage"; /usr/bin/time -f "$stage: %e s, peak %M KB" pairforge "$stage" --params params.yaml
 done
 for objective in $OBJECTIVES; do
