@@ -44,8 +44,8 @@ VOCAB = 58101
 
 CHILD_STAGE = r"""
 import json, sys, time
-from pipeline.runner import LocalExecutor
-from stages.backtranslate import BacktranslateConfig, run
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.stages.backtranslate import BacktranslateConfig, run
 work, engine, compute_type, device, length, threads, name = sys.argv[1:8]
 cfg = BacktranslateConfig(
     input=f"{work}/sentences", output=f"{work}/out-{name}", metrics=f"{work}/out-{name}.json",
@@ -96,12 +96,11 @@ def build(work: Path, n: int) -> None:
     """The random opus-mt-en-de-sized model and a one-shard sentences dataset of ``n`` rows."""
     import pyarrow as pa
     import torch
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import DatasetWriter
+    from pairforge.pipeline.text import sentence_ids
+    from pairforge.stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
     from transformers import MarianConfig, MarianMTModel
-
-    from pipeline import schemas as S
-    from pipeline.shards import DatasetWriter
-    from pipeline.text import sentence_ids
-    from stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
 
     lines = [" ".join(x.split()) for x in WIKI.read_text(encoding="utf-8").splitlines()]
     lines = [x for x in dict.fromkeys(lines) if 4 <= len(x.split()) <= 40]
@@ -184,7 +183,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pairforge-bench-bt-") as tmp:
         work = Path(tmp)
         build(work, args.sentences)
-        from stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
+        from pairforge.stages.augment.modelfiles import (
+            convert_ctranslate2,
+            resolve_translation_model,
+        )
 
         ref = resolve_translation_model(str(work / "model"))
         ct2_types = ["int8"] if device == "cpu" else ["int8_float16", "float16"]

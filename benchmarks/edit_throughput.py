@@ -34,9 +34,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from rapidfuzz.distance import Levenshtein
-
-from stages.mining.edits import (
+from pairforge.stages.mining.edits import (
     EditCodes,
     WordCodes,
     code_distances,
@@ -44,6 +42,7 @@ from stages.mining.edits import (
     numba_unavailable,
     pair_distances,
 )
+from rapidfuzz.distance import Levenshtein
 
 TARGET = 3_000_000  # pairs/s, the stage's default path: word-level normalised Levenshtein
 

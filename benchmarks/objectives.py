@@ -84,10 +84,9 @@ def build_pairs(folder: Path, model: str, m: int = 2, k: int = 64, seed: int = 0
     """The pairs dataset described in the module docstring."""
     import faiss
     import pyarrow as pa
-
-    from pipeline import schemas as S
-    from pipeline.shards import DatasetWriter, read_manifest
-    from train.encode import load_embedder
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import DatasetWriter, read_manifest
+    from pairforge.train.encode import load_embedder
 
     if (folder / "_manifest.json").exists():
         read_manifest(folder)
@@ -180,9 +179,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=-1)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline.cli_options import setup_logging
-    from stages import evaluate as E
-    from stages import train as T
+    from pairforge.pipeline.cli_options import setup_logging
+    from pairforge.stages import evaluate as E
+    from pairforge.stages import train as T
 
     setup_logging()
     out = Path(args.out)

@@ -52,9 +52,8 @@ def sentences(n: int) -> list[str]:
 
 def write_dataset(folder: Path, texts: list[str]) -> Path:
     import pyarrow as pa
-
-    from pipeline import schemas as S
-    from pipeline.shards import DatasetWriter
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import DatasetWriter
 
     spec = S.SchemaSpec("bench_pairs", 1, pa.schema([pa.field(S.TEXT, pa.string())]), "benchmark")
     writer = DatasetWriter(
@@ -97,7 +96,7 @@ class Encodings:
 
 
 def run_pairforge(args, data: Path, out: Path) -> dict:
-    from train.loop import Trainer, TrainSettings, quiet_transformers
+    from pairforge.train.loop import Trainer, TrainSettings, quiet_transformers
 
     settings = TrainSettings(
         objective="simcse",
@@ -136,6 +135,7 @@ def run_pairforge(args, data: Path, out: Path) -> dict:
 
 def run_sentence_transformers(args, texts: list[str], out: Path) -> dict:
     from datasets import Dataset
+    from pairforge.pipeline.models import resolve_model
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,
@@ -143,8 +143,6 @@ def run_sentence_transformers(args, texts: list[str], out: Path) -> dict:
     )
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
-
-    from pipeline.models import resolve_model
 
     model = SentenceTransformer(
         resolve_model(MODEL), device="cuda" if args.device == "cuda" else "cpu"

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import typer
-
-from pipeline import profiles
-from stages import backtranslate, embed, ingest, mine, pretrain, report, rewrite, sample, standin
-from stages import evaluate as evaluate_stage
-from stages import train as train_stage
+from pairforge.pipeline import profiles
+from pairforge.stages import (
+    backtranslate,
+    embed,
+    ingest,
+    mine,
+    pretrain,
+    report,
+    rewrite,
+    sample,
+    standin,
+)
+from pairforge.stages import evaluate as evaluate_stage
+from pairforge.stages import train as train_stage
 
 app = typer.Typer(
     name="pairforge",

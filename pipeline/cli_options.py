@@ -10,9 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
-
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.runner import Executor, make_executor
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.runner import Executor, make_executor
 
 ParamsOpt = Annotated[
     str, typer.Option("--params", help="params.yaml to read the stage's section from.")

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pairforge.pipeline.errors import ConfigError
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-from pipeline.errors import ConfigError
 
 PARAMS_FILE = "params.yaml"
 

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.errors import ConfigError
+from pairforge.pipeline.errors import ConfigError
 
 Pooling = Literal["cls", "cls_before_pooler", "mean", "mask"]
 POOLINGS: tuple[str, ...] = ("cls", "cls_before_pooler", "mean", "mask")

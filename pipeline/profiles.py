@@ -11,11 +11,10 @@ from typing import Annotated, Any
 
 import typer
 import yaml
-
-from pipeline.cli_options import cli_errors
-from pipeline.config import PARAMS_FILE, load_params, validate_section
-from pipeline.errors import ConfigError
-from pipeline.shards import atomic_write_bytes
+from pairforge.pipeline.cli_options import cli_errors
+from pairforge.pipeline.config import PARAMS_FILE, load_params, validate_section
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.shards import atomic_write_bytes
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -39,7 +38,7 @@ def preset_path(name: str) -> Path:
 
 def validate_params(params: dict[str, Any]) -> None:
     """Validate every section of a params mapping with its stage's config model."""
-    from stages import config_models
+    from pairforge.stages import config_models
 
     models = config_models()
     unknown = sorted(set(params) - set(models))

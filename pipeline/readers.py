@@ -21,8 +21,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.errors import ConfigError, PairforgeError
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet")
 _SUFFIX_FORMAT = {

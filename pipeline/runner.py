@@ -21,11 +21,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline.errors import ConfigError
-from pipeline.progress import Progress
-from pipeline.schemas import SchemaSpec
-from pipeline.shards import DatasetWriter, ShardInfo, write_shard
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.schemas import SchemaSpec
+from pairforge.pipeline.shards import DatasetWriter, ShardInfo, write_shard
 
 log = logging.getLogger("pairforge")
 

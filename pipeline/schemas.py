@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pyarrow as pa
-
-from pipeline.errors import PairforgeError
+from pairforge.pipeline.errors import PairforgeError
 
 # Column names shared across datasets.
 ID = "id"

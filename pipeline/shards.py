@@ -27,10 +27,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline.errors import DataIntegrityError, IncompleteDatasetError
-from pipeline.schemas import META_SCHEMA, SchemaError, SchemaSpec, check_arrow_schema
-from pipeline.version import code_version
+from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError
+from pairforge.pipeline.schemas import META_SCHEMA, SchemaError, SchemaSpec, check_arrow_schema
+from pairforge.pipeline.version import code_version
 
 FORMAT = "pairforge-dataset"
 FORMAT_VERSION = 1

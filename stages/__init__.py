@@ -6,17 +6,17 @@ import importlib
 
 # stage -> (module, config class). Order is pipeline order.
 STAGES: dict[str, tuple[str, str]] = {
-    "ingest": ("stages.ingest", "IngestConfig"),
-    "standin": ("stages.standin", "StandinConfig"),
-    "backtranslate": ("stages.backtranslate", "BacktranslateConfig"),
-    "rewrite": ("stages.rewrite", "RewriteConfig"),
-    "pretrain": ("stages.pretrain", "PretrainConfig"),
-    "embed": ("stages.embed", "EmbedConfig"),
-    "mine": ("stages.mine", "MineConfig"),
-    "sample": ("stages.sample", "SampleConfig"),
-    "report": ("stages.report", "ReportConfig"),
-    "train": ("stages.train", "TrainConfig"),
-    "evaluate": ("stages.evaluate", "EvaluateConfig"),
+    "ingest": ("pairforge.stages.ingest", "IngestConfig"),
+    "standin": ("pairforge.stages.standin", "StandinConfig"),
+    "backtranslate": ("pairforge.stages.backtranslate", "BacktranslateConfig"),
+    "rewrite": ("pairforge.stages.rewrite", "RewriteConfig"),
+    "pretrain": ("pairforge.stages.pretrain", "PretrainConfig"),
+    "embed": ("pairforge.stages.embed", "EmbedConfig"),
+    "mine": ("pairforge.stages.mine", "MineConfig"),
+    "sample": ("pairforge.stages.sample", "SampleConfig"),
+    "report": ("pairforge.stages.report", "ReportConfig"),
+    "train": ("pairforge.stages.train", "TrainConfig"),
+    "evaluate": ("pairforge.stages.evaluate", "EvaluateConfig"),
 }
 
 

@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from pipeline import schemas as S
-from pipeline.cli_options import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import (
     ParamsOpt,
     ProgressOpt,
     SchedulerOpt,
@@ -33,18 +31,23 @@ from pipeline.cli_options import (
     cli_errors,
     executor,
 )
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError
-from pipeline.runner import Executor, map_shards
-from pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
-from pipeline.version import source_hash
-from stages.augment.cache import KeyValueCache, MemoryCache
-from stages.augment.decoding import GREEDY, Decoding, Lengths
-from stages.augment.engines import TranslatorPool, engine_settings
-from stages.augment.modelfiles import ModelRef, convert_ctranslate2, resolve_translation_model
-from stages.augment.noise import KINDS, NoiseSettings, frequent_words
-from stages.augment.summary import plot_edit_ratio, summarize
-from stages.augment.translate import Batching, RoutePlan, backtranslate_shard
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.runner import Executor, map_shards
+from pairforge.pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
+from pairforge.pipeline.version import source_hash
+from pairforge.stages.augment.cache import KeyValueCache, MemoryCache
+from pairforge.stages.augment.decoding import GREEDY, Decoding, Lengths
+from pairforge.stages.augment.engines import TranslatorPool, engine_settings
+from pairforge.stages.augment.modelfiles import (
+    ModelRef,
+    convert_ctranslate2,
+    resolve_translation_model,
+)
+from pairforge.stages.augment.noise import KINDS, NoiseSettings, frequent_words
+from pairforge.stages.augment.summary import plot_edit_ratio, summarize
+from pairforge.stages.augment.translate import Batching, RoutePlan, backtranslate_shard
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger("pairforge")
 

@@ -24,15 +24,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import typer
-from pydantic import Field
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.models import DEFAULT_PROMPT
-from pipeline.progress import Progress
-from pipeline.shards import MANIFEST, Dataset, DatasetWriter, atomic_write_json, open_dataset
-from stages.mining.inputs import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.models import DEFAULT_PROMPT
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.shards import (
+    MANIFEST,
+    Dataset,
+    DatasetWriter,
+    atomic_write_json,
+    open_dataset,
+)
+from pairforge.stages.mining.inputs import (
     ENCODER_KEY,
     embeddings_layout,
     fingerprint,
@@ -40,6 +44,7 @@ from stages.mining.inputs import (
     open_embeddings,
     write_vectors,
 )
+from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
@@ -169,7 +174,7 @@ class _LazyEncoder:
 
     def get(self) -> Any:
         if self.encoder is None:
-            from stages.mining.encoder import TextEncoder
+            from pairforge.stages.mining.encoder import TextEncoder
 
             cfg = self.cfg
             self.encoder = TextEncoder(

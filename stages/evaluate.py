@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json
 from pydantic import Field
-
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError
-from pipeline.shards import atomic_write_bytes, atomic_write_json
 
 log = logging.getLogger("pairforge")
 
@@ -81,7 +80,7 @@ def expand_models(specs: list[str]) -> list[str]:
 
     A pattern that matches no folder holding ``pairforge.json`` is a ConfigError.
     """
-    from train.encode import EXPORT_INFO
+    from pairforge.train.encode import EXPORT_INFO
 
     out: list[str] = []
     for spec in specs:
@@ -113,9 +112,9 @@ def evaluate_model(
     label: str | None = None,
 ) -> dict:
     """Scores of one model on ``cfg.tasks`` (see train.sts.evaluate), with how it was encoded."""
-    from pipeline.models import pick_device
-    from train import sts
-    from train.encode import load_embedder
+    from pairforge.pipeline.models import pick_device
+    from pairforge.train import sts
+    from pairforge.train.encode import load_embedder
 
     _check_local(spec)
     embedder, described = load_embedder(
@@ -149,10 +148,9 @@ def evaluate_model(
 def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     """Evaluate the baseline and every model; returns the metrics it also writes."""
     import torch
-
-    from train import sts
-    from train.loop import quiet_transformers
-    from train.report import plot_align_uniform, sts_table
+    from pairforge.train import sts
+    from pairforge.train.loop import quiet_transformers
+    from pairforge.train.report import plot_align_uniform, sts_table
 
     unknown = [t for t in cfg.tasks if t not in sts.TASKS]
     if unknown:

@@ -26,10 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import typer
-from pydantic import Field, model_validator
-
-from pipeline import schemas as S
-from pipeline.cli_options import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import (
     ParamsOpt,
     ProgressOpt,
     SchedulerOpt,
@@ -37,14 +35,21 @@ from pipeline.cli_options import (
     cli_errors,
     executor,
 )
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import DataIntegrityError
-from pipeline.progress import Progress
-from pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
-from pipeline.runner import Executor, ShardResult, map_tables
-from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json, open_dataset
-from pipeline.text import char_counts, normalize, sentence_ids, word_counts
-from pipeline.version import source_hash
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import DataIntegrityError
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
+from pairforge.pipeline.runner import Executor, ShardResult, map_tables
+from pairforge.pipeline.shards import (
+    MANIFEST,
+    DatasetWriter,
+    atomic_write_json,
+    canonical_json,
+    open_dataset,
+)
+from pairforge.pipeline.text import char_counts, normalize, sentence_ids, word_counts
+from pairforge.pipeline.version import source_hash
+from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
 

@@ -31,16 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import typer
-from pydantic import Field, model_validator
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import PairforgeError
-from pipeline.progress import Progress
-from pipeline.shards import Dataset, DatasetWriter, atomic_write_json, open_dataset
-from stages.mining.index import measure_recall
-from stages.mining.inputs import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.shards import Dataset, DatasetWriter, atomic_write_json, open_dataset
+from pairforge.stages.mining.index import measure_recall
+from pairforge.stages.mining.inputs import (
     ArrowTexts,
     fingerprint,
     load_vectors,
@@ -48,8 +46,9 @@ from stages.mining.inputs import (
     open_embeddings,
     own_augmentations,
 )
-from stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
-from stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
+from pairforge.stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
+from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
 

@@ -23,15 +23,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
+from pairforge.pipeline.shards import (
+    atomic_write_bytes,
+    atomic_write_json,
+    canonical_json,
+    open_dataset,
+)
+from pairforge.pipeline.version import ROOT, source_hash
 from pydantic import Field
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.models import hub_kwargs, pick_device, resolve_model
-from pipeline.shards import atomic_write_bytes, atomic_write_json, canonical_json, open_dataset
-from pipeline.version import ROOT, source_hash
 
 log = logging.getLogger("pairforge")
 
@@ -124,8 +128,8 @@ def load_mlm_model(spec: str, seed: int = 0):
 
 def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Pre-train (or resume) and write the network, metrics and plots; returns the metrics."""
-    from train.infocse_aux import AUX_MANIFEST, read_aux_config
-    from train.infocse_pretrain import PretrainSettings, pretrain, read_history
+    from pairforge.train.infocse_aux import AUX_MANIFEST, read_aux_config
+    from pairforge.train.infocse_pretrain import PretrainSettings, pretrain, read_history
 
     dataset = open_dataset(cfg.input, S.SENTENCES)
     fingerprint = _fingerprint(cfg, dataset.manifest.get("fingerprint", ""))

@@ -28,15 +28,14 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import pyarrow.compute as pc
 import typer
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json, open_dataset
+from pairforge.stages.mining import diagnostics as D
+from pairforge.stages.mining.inputs import encoder_info, load_vectors, open_embeddings
 from pydantic import Field
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.shards import atomic_write_bytes, atomic_write_json, open_dataset
-from stages.mining import diagnostics as D
-from stages.mining.inputs import encoder_info, load_vectors, open_embeddings
 
 log = logging.getLogger("pairforge")
 
@@ -153,8 +152,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     encoder = None
     if cfg.simcse_pairs or nli_dir is not None:
         import torch
-
-        from stages.mining.encoder import TextEncoder
+        from pairforge.stages.mining.encoder import TextEncoder
 
         torch.manual_seed(cfg.seed)
         encoder = TextEncoder(

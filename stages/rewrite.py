@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from pydantic import Field, field_validator
-
-from pipeline import schemas as S
-from pipeline.cli_options import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import (
     ParamsOpt,
     ProgressOpt,
     SchedulerOpt,
@@ -35,14 +33,21 @@ from pipeline.cli_options import (
     cli_errors,
     executor,
 )
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, DataIntegrityError
-from pipeline.runner import Executor, map_tables
-from pipeline.shards import MANIFEST, DatasetWriter, atomic_write_json, canonical_json, open_dataset
-from pipeline.version import source_hash
-from stages.augment.cache import KeyValueCache, MemoryCache
-from stages.augment.llm import REASONS, ChatClient, ChatSettings, Validation
-from stages.augment.rewriting import rewrite_shard
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.runner import Executor, map_tables
+from pairforge.pipeline.shards import (
+    MANIFEST,
+    DatasetWriter,
+    atomic_write_json,
+    canonical_json,
+    open_dataset,
+)
+from pairforge.pipeline.version import source_hash
+from pairforge.stages.augment.cache import KeyValueCache, MemoryCache
+from pairforge.stages.augment.llm import REASONS, ChatClient, ChatSettings, Validation
+from pairforge.stages.augment.rewriting import rewrite_shard
+from pydantic import Field, field_validator
 
 log = logging.getLogger("pairforge")
 

@@ -39,35 +39,34 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import typer
-from pydantic import Field
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
-from pipeline.progress import Progress
-from pipeline.shards import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.shards import (
     DatasetWriter,
     atomic_write_bytes,
     atomic_write_json,
     open_dataset,
 )
-from stages.mining.card import CARD, distribution, render_card
-from stages.mining.edits import PairScorer, edit_scorer
-from stages.mining.inputs import (
+from pairforge.stages.mining.card import CARD, distribution, render_card
+from pairforge.stages.mining.edits import PairScorer, edit_scorer
+from pairforge.stages.mining.inputs import (
     ArrowTexts,
     encoder_info,
     fingerprint,
     load_vectors,
     open_embeddings,
 )
-from stages.mining.sampling import (
+from pairforge.stages.mining.sampling import (
     EDIT_INDEX,
     DrawParams,
     PositiveSource,
     open_positives,
     sample_shard,
 )
+from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
@@ -418,7 +417,7 @@ def export_command(
     ] = None,
 ) -> None:
     """Export a pairs dataset to the sentence-transformers (anchor, positive, negative) layout."""
-    from stages.mining.export import FORMATS, write_export
+    from pairforge.stages.mining.export import FORMATS, write_export
 
     if format not in FORMATS:
         raise ConfigError(

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.shards import atomic_write_json, open_dataset
+from pairforge.stages.augment.standin import NOTE, build_standins
 from pydantic import Field
-
-from pipeline import schemas as S
-from pipeline.cli_options import ParamsOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.errors import PairforgeError
-from pipeline.shards import atomic_write_json, open_dataset
-from stages.augment.standin import NOTE, build_standins
 
 log = logging.getLogger("pairforge")
 

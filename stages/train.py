@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import typer
+from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.shards import atomic_write_json, canonical_json
+from pairforge.pipeline.version import ROOT
 from pydantic import BaseModel, ConfigDict, Field
-
-from pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pipeline.config import StageConfig, stage_config
-from pipeline.shards import atomic_write_json, canonical_json
-from pipeline.version import ROOT
 
 STAGE = "train"
 # Keys a recipe may override; everything else is shared by all objectives.
@@ -131,7 +130,7 @@ def settings_for(
     """The TrainSettings of ``objective`` (default ``cfg.objective``): shared keys, its recipe,
     then ``forced`` keys (given on the command line) from the shared ones again."""
     objective = objective or cfg.objective
-    from train.loop import TrainSettings
+    from pairforge.train.loop import TrainSettings
 
     values = {
         k: getattr(cfg, k)
@@ -202,13 +201,13 @@ def run(
     hooks: dict | None = None,
 ) -> dict:
     """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
-    from pipeline.errors import ConfigError
-    from train import distributed as dist
-    from train.data import PairsSource
-    from train.loop import Trainer, quiet_transformers
-    from train.objectives import OBJECTIVES
-    from train.report import plot_training, write_csv
-    from train.sts import DEV_TASKS, TASKS
+    from pairforge.pipeline.errors import ConfigError
+    from pairforge.train import distributed as dist
+    from pairforge.train.data import PairsSource
+    from pairforge.train.loop import Trainer, quiet_transformers
+    from pairforge.train.objectives import OBJECTIVES
+    from pairforge.train.report import plot_training, write_csv
+    from pairforge.train.sts import DEV_TASKS, TASKS
 
     objective = cfg.objective
     if objective not in OBJECTIVES:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import yaml
+from pairforge.pipeline.cli import app
+from pairforge.pipeline.profiles import available, preset_path, validate_params
+from pairforge.stages import config_models
+from pairforge.stages.ingest import IngestConfig
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.profiles import available, preset_path, validate_params
-from stages import config_models
-from stages.ingest import IngestConfig
 from tests.conftest import ROOT, run_cli
 
 runner = CliRunner()

@@ -50,7 +50,7 @@ def project(tmp_path) -> Path:
 def test_every_stage_is_in_the_dvc_pipeline_and_it_resolves(project):
     """Every stage of the STAGES registry is a DVC stage, and the demo DAG (templated params,
     deps, outs) resolves with the edges the data flow needs."""
-    from stages import STAGES
+    from pairforge.stages import STAGES
 
     listed = dvc(["stage", "list"], project)
     assert listed.returncode == 0, listed.stderr

@@ -20,8 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from pipeline.shards import atomic_write_json
+from pairforge.pipeline.shards import atomic_write_json
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"

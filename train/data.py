@@ -24,9 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-
-from pipeline.errors import PairforgeError
-from pipeline.shards import read_manifest
+from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.shards import read_manifest
 
 TEXT_KIND = "text"
 LIST_KIND = "list"

@@ -17,11 +17,10 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from pipeline.errors import ConfigError
-from pipeline.models import POOLINGS, load_encoder, pool, resolve_model
-from pipeline.progress import Progress
-from train.objectives.prompts import build_prompt_inputs
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import POOLINGS, load_encoder, pool, resolve_model
+from pairforge.pipeline.progress import Progress
+from pairforge.train.objectives.prompts import build_prompt_inputs
 
 log = logging.getLogger("pairforge")
 

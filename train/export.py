@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from pipeline.errors import PairforgeError
-from train.encode import EXPORT_INFO
-from train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template
+from pairforge.pipeline.errors import PairforgeError
+from pairforge.train.encode import EXPORT_INFO
+from pairforge.train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template
 
 POOLING_MODULE = "pairforge_pooling"
 TRANSFORMER = "sentence_transformers.models.Transformer"

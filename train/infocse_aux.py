@@ -27,10 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.shards import atomic_write_json
 from torch import nn
-
-from pipeline.errors import ConfigError
-from pipeline.shards import atomic_write_json
 
 AUX_FORMAT = "pairforge-infocse-aux"
 AUX_FORMAT_VERSION = 1

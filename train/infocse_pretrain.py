@@ -34,11 +34,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
-from pipeline.progress import Progress
-from pipeline.shards import atomic_write_json
-from train.infocse_aux import (
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.shards import atomic_write_json
+from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     encoder_layers,
     mask_tokens,
@@ -47,6 +45,7 @@ from train.infocse_aux import (
     run_layers,
     save_auxiliary,
 )
+from torch import nn
 
 log = logging.getLogger("pairforge")
 

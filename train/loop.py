@@ -30,22 +30,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
+from pairforge.pipeline.progress import _fmt_duration
+from pairforge.pipeline.shards import atomic_write_json
+from pairforge.train import distributed as dist
+from pairforge.train import sts
+from pairforge.train.checkpoint import CheckpointStore, rng_state, seed_everything, set_rng_state
+from pairforge.train.data import Collator, PairsSource, RowStream
+from pairforge.train.encode import EXPORT_INFO, Embedder
+from pairforge.train.export import export_model
+from pairforge.train.objectives import OBJECTIVES, check_columns
+from pairforge.train.objectives.base import BuildContext, Objective
+from pairforge.train.optim import build_optimizer, build_schedule, warmup_steps
+from pairforge.train.runtime import run_settings
 from torch import nn
-
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.models import hub_kwargs, pick_device, resolve_model
-from pipeline.progress import _fmt_duration
-from pipeline.shards import atomic_write_json
-from train import distributed as dist
-from train import sts
-from train.checkpoint import CheckpointStore, rng_state, seed_everything, set_rng_state
-from train.data import Collator, PairsSource, RowStream
-from train.encode import EXPORT_INFO, Embedder
-from train.export import export_model
-from train.objectives import OBJECTIVES, check_columns
-from train.objectives.base import BuildContext, Objective
-from train.optim import build_optimizer, build_schedule, warmup_steps
-from train.runtime import run_settings
 
 log = logging.getLogger("pairforge")
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+from pairforge.train.objectives import trainable_parameters
 from torch import nn
-
-from train.objectives import trainable_parameters
 
 Schedule = Literal["linear", "constant"]
 

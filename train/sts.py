@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.errors import ConfigError, PairforgeError
 
 STS_SUBSETS: dict[str, tuple[str, ...]] = {
     "sts12": ("MSRpar", "MSRvid", "SMTeuroparl", "surprise.OnWN", "surprise.SMTnews"),

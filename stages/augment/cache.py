@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.shards import canonical_json
+from pairforge.pipeline.shards import canonical_json
 
 _CHUNK = 500  # SQLite limits the number of host parameters per statement
 

@@ -27,10 +27,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pipeline.errors import ConfigError
-from pipeline.models import hub_kwargs
-from stages.augment.decoding import Decoding
-from stages.augment.modelfiles import ModelRef, convert_ctranslate2
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import hub_kwargs
+from pairforge.stages.augment.decoding import Decoding
+from pairforge.stages.augment.modelfiles import ModelRef, convert_ctranslate2
 
 log = logging.getLogger("pairforge")
 

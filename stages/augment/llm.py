@@ -27,8 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.errors import ConfigError, PairforgeError
-from stages.augment.quality import normalize_ws
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.stages.augment.quality import normalize_ws
 
 log = logging.getLogger("pairforge")
 

@@ -22,8 +22,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import ConfigError
-from pipeline.models import hub_kwargs, resolve_model
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import hub_kwargs, resolve_model
 
 log = logging.getLogger("pairforge")
 

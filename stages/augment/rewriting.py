@@ -14,13 +14,12 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-
-from pipeline import schemas as S
-from pipeline.progress import Progress
-from pipeline.runner import ShardResult
-from stages.augment.cache import cache_key
-from stages.augment.llm import ChatClient, Reply, Validation, validate_rewrite
-from stages.augment.quality import candidate_id, quality_signals
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.runner import ShardResult
+from pairforge.stages.augment.cache import cache_key
+from pairforge.stages.augment.llm import ChatClient, Reply, Validation, validate_rewrite
+from pairforge.stages.augment.quality import candidate_id, quality_signals
 
 ROUTE = "llm"
 ENGINE = "openai"

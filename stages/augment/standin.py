@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from stages.augment.modelfiles import STANDIN_FILE
+from pairforge.stages.augment.modelfiles import STANDIN_FILE
 
 NOTE = (
     "STAND-IN MODEL, NOT A TRANSLATION MODEL: a tiny MarianMT built locally by `pairforge "
@@ -121,9 +121,8 @@ def input_word_embeddings(encoder: str):
     has them (a second, where loading the whole model takes several); otherwise through
     transformers."""
     import torch
-
-    from pipeline.errors import ConfigError
-    from pipeline.models import hub_kwargs, resolve_model
+    from pairforge.pipeline.errors import ConfigError
+    from pairforge.pipeline.models import hub_kwargs, resolve_model
 
     where = Path(resolve_model(encoder))
     vocab_txt, weights_file = where / "vocab.txt", where / "model.safetensors"

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.compute as pc
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError
-from pipeline.shards import open_dataset
-from stages.augment.noise import KINDS
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError
+from pairforge.pipeline.shards import open_dataset
+from pairforge.stages.augment.noise import KINDS
 
 PASS_COUNTS = ("requested", "dedup_saved", "cache_hits", "translated")
 

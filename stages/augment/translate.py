@@ -22,16 +22,15 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
-
-from pipeline import schemas as S
-from pipeline.progress import Progress
-from pipeline.runner import ShardResult
-from stages.augment.batching import plan_batches
-from stages.augment.cache import cache_key
-from stages.augment.decoding import Decoding, Lengths
-from stages.augment.engines import Translator, TranslatorPool
-from stages.augment.noise import NoiseSettings, noise_kind, noise_variants
-from stages.augment.quality import candidate_id, quality_signals
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.runner import ShardResult
+from pairforge.stages.augment.batching import plan_batches
+from pairforge.stages.augment.cache import cache_key
+from pairforge.stages.augment.decoding import Decoding, Lengths
+from pairforge.stages.augment.engines import Translator, TranslatorPool
+from pairforge.stages.augment.noise import NoiseSettings, noise_kind, noise_variants
+from pairforge.stages.augment.quality import candidate_id, quality_signals
 
 
 @dataclass(frozen=True)

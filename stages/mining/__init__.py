@@ -18,9 +18,20 @@ call them. The stages' own parts:
   DebCSE's Table 1/4 diagnostics of the ``report`` stage.
 """
 
-from stages.mining.edits import cross_distances, pair_distances, pool_distances, tokenize_words
-from stages.mining.index import build_index, check_vectors, measure_recall, recall_at_k, search
-from stages.mining.ipw import (
+from pairforge.stages.mining.edits import (
+    cross_distances,
+    pair_distances,
+    pool_distances,
+    tokenize_words,
+)
+from pairforge.stages.mining.index import (
+    build_index,
+    check_vectors,
+    measure_recall,
+    recall_at_k,
+    search,
+)
+from pairforge.stages.mining.ipw import (
     entropy_ratio,
     negative_probs,
     pool_entropy_ratios,
@@ -30,7 +41,7 @@ from stages.mining.ipw import (
     semantic_scores,
     surface_scores,
 )
-from stages.mining.pools import NegativePools, build_negative_pools, normalize_text
+from pairforge.stages.mining.pools import NegativePools, build_negative_pools, normalize_text
 
 __all__ = [
     "NegativePools",

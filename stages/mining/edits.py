@@ -470,7 +470,7 @@ def numba_unavailable() -> str | None:
     the first call compiles the kernels (or loads them from numba's on-disk cache)."""
     if not _NUMBA_STATUS:
         try:
-            from stages.mining import edit_kernels  # noqa: F401
+            from pairforge.stages.mining import edit_kernels  # noqa: F401
 
             texts = ["kitten", "sitting", "", "x" * 70 + "abc", "abc" + "x" * 70]
             codes = EditCodes.from_strings(texts)
@@ -530,8 +530,7 @@ def code_distances(
         if reason is not None:
             raise RuntimeError(f"the numba edit-distance backend is unavailable: {reason}")
     import numba
-
-    from stages.mining.edit_kernels import pair_kernel
+    from pairforge.stages.mining.edit_kernels import pair_kernel
 
     n = a_rows.size
     out_int = np.empty(0 if normalized else n, dtype=np.int32)

@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.models import (
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.models import (
     DEFAULT_PROMPT,
     POOLINGS,
     load_encoder,

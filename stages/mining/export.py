@@ -21,9 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from pipeline import schemas as S
-from pipeline.shards import atomic_write_bytes
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.shards import atomic_write_bytes
 
 ExportFormat = Literal["triplet", "n-tuple", "pair"]
 FORMATS: tuple[str, ...] = ("triplet", "n-tuple", "pair")

@@ -23,10 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError, PairforgeError
-from pipeline.shards import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError, PairforgeError
+from pairforge.pipeline.shards import (
     Dataset,
     DatasetWriter,
     ShardInfo,
@@ -35,7 +34,7 @@ from pipeline.shards import (
     read_manifest,
     write_shard,
 )
-from pipeline.version import source_hash
+from pairforge.pipeline.version import source_hash
 
 log = logging.getLogger("pairforge")
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
-from stages.mining.ipw import (
+from pairforge.stages.mining.ipw import (
     PoolSample,
     negative_probs,
     pool_entropy_ratios,

@@ -15,19 +15,18 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
-from pipeline.shards import Dataset, open_dataset
-from stages.mining.edits import PairScorer
-from stages.mining.inputs import (
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.shards import Dataset, open_dataset
+from pairforge.stages.mining.edits import PairScorer
+from pairforge.stages.mining.inputs import (
     ArrowTexts,
     check_same_encoder,
     embeddings_layout,
     iter_vectors,
     open_embeddings,
 )
-from stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
+from pairforge.stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
 
 EDIT_INDEX = "edit_index"  # the positives table's row in the scorer's candidate encoding
 COS = "cos"

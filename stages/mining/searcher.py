@@ -10,9 +10,8 @@ from typing import Any
 
 import faiss
 import numpy as np
-
-from pipeline.errors import ConfigError
-from stages.mining.index import _default_nlist, build_index, gpu_available, search
+from pairforge.pipeline.errors import ConfigError
+from pairforge.stages.mining.index import _default_nlist, build_index, gpu_available, search
 
 INDEX_FILE = "index.faiss"
 

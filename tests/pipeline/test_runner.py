@@ -7,10 +7,9 @@ import functools
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-
-from pipeline import schemas as S
-from pipeline.runner import LocalExecutor, ShardResult, map_shards, map_tables
-from pipeline.shards import DatasetWriter, open_dataset
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.runner import LocalExecutor, ShardResult, map_shards, map_tables
+from pairforge.pipeline.shards import DatasetWriter, open_dataset
 
 
 def upper(table: pa.Table, calls: list[int] | None = None) -> ShardResult:

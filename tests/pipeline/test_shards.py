@@ -9,10 +9,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError, IncompleteDatasetError
-from pipeline.shards import DatasetWriter, open_dataset, shard_schema_name
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError
+from pairforge.pipeline.shards import DatasetWriter, open_dataset, shard_schema_name
 
 
 def sentences(n: int, offset: int = 0) -> pa.Table:

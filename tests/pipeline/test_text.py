@@ -8,8 +8,7 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from pipeline.text import char_counts, normalize, normalize_one, sentence_ids, word_counts
+from pairforge.pipeline.text import char_counts, normalize, normalize_one, sentence_ids, word_counts
 
 TRICKY = [
     "plain ascii sentence",

@@ -10,13 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import schemas as S
-from pipeline.errors import ConfigError
-from pipeline.runner import LocalExecutor
-from pipeline.shards import open_dataset
-from pipeline.text import sentence_id
-from stages.ingest import Deduplicator, IngestConfig, run
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.text import sentence_id
+from pairforge.stages.ingest import Deduplicator, IngestConfig, run
 
 GOOD = [
     "The museum closes at six on weekdays.",
@@ -225,7 +224,7 @@ def test_accounting_is_checked_and_metrics_written(tmp_path):
 def test_rerun_with_same_inputs_does_no_work(tmp_path, monkeypatch):
     write_formats(tmp_path)
     first = ingest(tmp_path, ["a.txt"])
-    import stages.ingest as ingest_module
+    import pairforge.stages.ingest as ingest_module
 
     def boom(*args, **kwargs):
         raise AssertionError("a finished dataset was recomputed")

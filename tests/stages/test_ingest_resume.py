@@ -85,7 +85,7 @@ def snapshot(path: Path) -> dict:
 def start_ingest(path: Path) -> subprocess.Popen:
     """Start `pairforge ingest` in the background, to be killed."""
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "ingest", "--no-progress"],
+        [sys.executable, "-m", "pairforge.pipeline.cli", "ingest", "--no-progress"],
         cwd=path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,

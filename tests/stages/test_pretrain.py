@@ -8,20 +8,20 @@ import json
 import pytest
 import torch
 import yaml
+from pairforge.pipeline.cli import app
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.stages.ingest import IngestConfig
+from pairforge.stages.ingest import run as ingest
+from pairforge.stages.pretrain import PretrainConfig, run, total_steps
+from pairforge.train.infocse_aux import AUX_MANIFEST, AUX_WEIGHTS, read_aux_config
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.infocse import InfoCSE
 from safetensors.torch import load_file
 from transformers import BertConfig, BertModel, BertTokenizerFast
 from typer.testing import CliRunner
 
-from pipeline.cli import app
-from pipeline.runner import LocalExecutor
-from stages.ingest import IngestConfig
-from stages.ingest import run as ingest
-from stages.pretrain import PretrainConfig, run, total_steps
 from tests.conftest import run_cli
 from tests.train.conftest import SENTENCES, vocabulary
-from train.infocse_aux import AUX_MANIFEST, AUX_WEIGHTS, read_aux_config
-from train.objectives import columns
-from train.objectives.infocse import InfoCSE
 
 runner = CliRunner()
 

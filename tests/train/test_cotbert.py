@@ -12,12 +12,9 @@ import math
 
 import pytest
 import torch
-from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
-
-from tests.train.conftest import vocabulary
-from train.objectives import check_columns, columns, get_objective, trainable_parameters
-from train.objectives.base import BuildContext
-from train.objectives.cotbert import (
+from pairforge.train.objectives import check_columns, columns, get_objective, trainable_parameters
+from pairforge.train.objectives.base import BuildContext
+from pairforge.train.objectives.cotbert import (
     BERT_TEMPLATES,
     ROBERTA_TEMPLATES,
     CoTBERT,
@@ -28,7 +25,10 @@ from train.objectives.cotbert import (
     resolve_templates,
     sentence_token_ids,
 )
-from train.objectives.prompts import build_prompt_inputs
+from pairforge.train.objectives.prompts import build_prompt_inputs
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+from tests.train.conftest import vocabulary
 
 R = math.sqrt(2.0)  # cos = 1/√2 divided by τ = 0.5
 TEMPLATE_WORDS = [

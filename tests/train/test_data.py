@@ -6,13 +6,13 @@ import io
 
 import pytest
 import torch
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import IncompleteDatasetError, PairforgeError
+from pairforge.train.data import Collator, PairsSource, RowStream
+from pairforge.train.objectives.debcse import DebCSE
+from pairforge.train.objectives.denosent import DenoSent
 
-from pipeline import schemas as S
-from pipeline.errors import IncompleteDatasetError, PairforgeError
 from tests.train.builders import write_pairs
-from train.data import Collator, PairsSource, RowStream
-from train.objectives.debcse import DebCSE
-from train.objectives.denosent import DenoSent
 
 
 def numbered(n: int) -> dict[str, list]:

@@ -11,10 +11,9 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-from train import distributed
-from train.objectives.debcse import debcse_loss
-from train.objectives.simcse import simcse_loss
+from pairforge.train import distributed
+from pairforge.train.objectives.debcse import debcse_loss
+from pairforge.train.objectives.simcse import simcse_loss
 
 BATCH, DIM, HARD = 8, 6, 2
 
@@ -102,7 +101,7 @@ def test_half_batches_alone_do_not_give_the_whole_batch_gradient(name):
 
 TORCHRUN_SCRIPT = r"""
 import json, sys
-from stages import train as T
+from pairforge.stages import train as T
 T.run(T.TrainConfig(**json.loads(open(sys.argv[1]).read())), progress=False)
 """
 
@@ -118,9 +117,9 @@ def test_torchrun_with_two_cpu_processes_trains_like_one(
     import subprocess
     import sys
 
+    from pairforge.stages import train as T
     from safetensors.torch import load_file
 
-    from stages import train as T
     from tests.conftest import ROOT
     from tests.train.builders import pairs_rows, write_pairs
     from tests.train.test_loop import config

@@ -8,10 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from pairforge.train.encode import Embedder, describe_model, load_embedder
+from pairforge.train.export import export_model
 from transformers import AutoModel
-
-from train.encode import Embedder, describe_model, load_embedder
-from train.export import export_model
 
 TEXTS = [
     "the cat sat on the mat .",

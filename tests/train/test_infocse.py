@@ -8,10 +8,8 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
-from pipeline.errors import ConfigError
-from train.infocse_aux import (
+from pairforge.pipeline.errors import ConfigError
+from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     load_auxiliary,
     mask_tokens,
@@ -19,10 +17,11 @@ from train.infocse_aux import (
     output_projection,
     save_auxiliary,
 )
-from train.objectives import check_columns, columns, get_objective, trainable_parameters
-from train.objectives.base import BuildContext
-from train.objectives.infocse import InfoCSE, head_is_untrained, infocse_loss
-from train.objectives.simcse import simcse_loss
+from pairforge.train.objectives import check_columns, columns, get_objective, trainable_parameters
+from pairforge.train.objectives.base import BuildContext
+from pairforge.train.objectives.infocse import InfoCSE, head_is_untrained, infocse_loss
+from pairforge.train.objectives.simcse import simcse_loss
+from torch import nn
 
 SPECIALS = [0, 1, 2, 3]  # pad, unk, cls, sep
 MASK_ID = 4

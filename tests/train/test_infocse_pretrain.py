@@ -14,12 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import BertForMaskedLM, BertTokenizerFast
-
-from tests.conftest import ROOT
-from train.infocse_aux import AUX_MANIFEST, AUX_WEIGHTS, read_aux_config
-from train.infocse_pretrain import (
+from pairforge.train.infocse_aux import AUX_MANIFEST, AUX_WEIGHTS, read_aux_config
+from pairforge.train.infocse_pretrain import (
     CHECKPOINT_DIR,
     CHECKPOINT_FILE,
     ENCODER_DIR,
@@ -30,8 +26,12 @@ from train.infocse_pretrain import (
     pretrain,
     read_history,
 )
-from train.objectives import columns
-from train.objectives.infocse import InfoCSE
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.infocse import InfoCSE
+from safetensors.torch import load_file
+from transformers import BertForMaskedLM, BertTokenizerFast
+
+from tests.conftest import ROOT
 
 SETTINGS = PretrainSettings(
     lower_layers=1, steps=6, batch_size=4, checkpoint_every=2, learning_rate=1e-3, seed=3
@@ -43,7 +43,7 @@ KILLED_RUN = textwrap.dedent(
     """
     import json, os, signal, sys
     from transformers import BertForMaskedLM, BertTokenizerFast
-    from train.infocse_pretrain import PretrainSettings, pretrain
+    from pairforge.train.infocse_pretrain import PretrainSettings, pretrain
 
     model_dir, out, settings, kill_at = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
     sentences = json.loads(open(os.path.join(model_dir, "sentences.json")).read())

@@ -9,12 +9,12 @@ import logging
 import numpy as np
 import pytest
 import yaml
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.stages import train as T
+from pairforge.train.encode import load_embedder
 
-from pipeline import schemas as S
-from pipeline.errors import ConfigError, PairforgeError
-from stages import train as T
 from tests.train.builders import pairs_rows, write_pairs
-from train.encode import load_embedder
 
 TINY_OPTIONS = {
     "simcse": {},
@@ -91,7 +91,7 @@ def test_dev_evaluation_keeps_the_best_and_a_rerun_is_a_no_op(
     info = json.loads((model / "pairforge.json").read_text())
     assert info["step"] == best["step"] and info["dev"]["score"] == best["score"]
     # The exported best model scores on the dev sets what the trainer measured.
-    from train import sts
+    from pairforge.train import sts
 
     embedder, _ = load_embedder(str(model))
     again = sts.evaluate(embedder, sts_dir, ["stsb_dev", "sickr_dev"], align_uniform=False)
@@ -159,7 +159,7 @@ def test_recipes_override_shared_keys_and_the_command_line_beats_both():
 
 
 def test_the_paper_profile_holds_each_papers_settings():
-    from pipeline.profiles import preset_path
+    from pairforge.pipeline.profiles import preset_path
 
     paper = T.TrainConfig(**yaml.safe_load(preset_path("paper").read_text())["train"])
     simcse, debcse = T.settings_for(paper, "simcse"), T.settings_for(paper, "debcse")
@@ -185,8 +185,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(
     tmp_path, pairs, tiny_model_dir, sts_dir, monkeypatch
 ):
     import torch
-
-    from train.objectives.simcse import SimCSE
+    from pairforge.train.objectives.simcse import SimCSE
 
     forward, calls = SimCSE.forward, [0]
 

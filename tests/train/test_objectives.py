@@ -11,9 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from train.objectives import (
+from pairforge.train.objectives import (
     COLUMNS,
     OBJECTIVES,
     check_columns,
@@ -22,7 +20,7 @@ from train.objectives import (
     required_columns,
     trainable_parameters,
 )
-from train.objectives.bsl import (
+from pairforge.train.objectives.bsl import (
     BSL,
     BSLPredictor,
     bsl_loss,
@@ -31,9 +29,9 @@ from train.objectives.bsl import (
     mean_pool,
     negative_cosine,
 )
-from train.objectives.cotbert import CoTBERT
-from train.objectives.debcse import DebCSE, DebCSEHead, debcse_loss
-from train.objectives.denosent import (
+from pairforge.train.objectives.cotbert import CoTBERT
+from pairforge.train.objectives.debcse import DebCSE, DebCSEHead, debcse_loss
+from pairforge.train.objectives.denosent import (
     DenoSent,
     DenoSentDecoder,
     build_prompt_inputs,
@@ -42,8 +40,9 @@ from train.objectives.denosent import (
     mask_pool,
     mask_positions,
 )
-from train.objectives.infocse import InfoCSE
-from train.objectives.simcse import SimCSE, SimCSEPooler, simcse_loss
+from pairforge.train.objectives.infocse import InfoCSE
+from pairforge.train.objectives.simcse import SimCSE, SimCSEPooler, simcse_loss
+from torch import nn
 
 R = math.sqrt(2.0)  # cos = 1/√2 divided by τ = 0.5
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pairforge.train.checkpoint import CheckpointStore, rng_state, set_rng_state
+from pairforge.train.optim import build_optimizer, build_schedule, lr_factor, warmup_steps
 from torch import nn
-
-from train.checkpoint import CheckpointStore, rng_state, set_rng_state
-from train.optim import build_optimizer, build_schedule, lr_factor, warmup_steps
 
 
 def test_linear_and_constant_schedules_with_warmup():

@@ -11,17 +11,17 @@ import subprocess
 import sys
 
 import pytest
+from pairforge.stages import train as T
 from safetensors.torch import load_file
 
-from stages import train as T
 from tests.conftest import ROOT
 from tests.train.builders import pairs_rows, write_pairs
 from tests.train.test_loop import config
 
 KILLER = r"""
 import json, os, signal, sys
-from stages import train as T
-from train import checkpoint
+from pairforge.stages import train as T
+from pairforge.train import checkpoint
 
 cfg = T.TrainConfig(**json.loads(open(sys.argv[1]).read()))
 mode, at = sys.argv[2], int(sys.argv[3])
@@ -33,7 +33,7 @@ hooks = {}
 if mode == "checkpoint":  # right after checkpoint `at` is complete
     hooks["checkpoint"] = lambda trainer: die() if trainer.step == at else None
 elif mode == "midstep":  # inside the forward pass of step `at`
-    from train.objectives import OBJECTIVES
+    from pairforge.train.objectives import OBJECTIVES
     cls = OBJECTIVES[cfg.objective]
     forward, calls = cls.forward, [0]
     def counting(self, batch, encoder):

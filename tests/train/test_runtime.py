@@ -8,12 +8,12 @@ import resource
 
 import pytest
 import torch
+from pairforge.stages import train as T
+from pairforge.train import loop, runtime
 from safetensors.torch import load_file
 
-from stages import train as T
 from tests.train.builders import pairs_rows, write_pairs
 from tests.train.test_loop import config
-from train import loop, runtime
 
 
 def test_run_settings_apply_inside_and_restore_after():

@@ -6,10 +6,10 @@ import json
 
 import torch
 import yaml
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli import app
 from typer.testing import CliRunner
 
-from pipeline import schemas as S
-from pipeline.cli import app
 from tests.conftest import run_cli
 from tests.train.builders import pairs_rows, write_pairs
 
@@ -119,9 +119,8 @@ def test_cotbert_and_infocse_train_from_their_recipes_and_evaluate_with_their_po
     """`train -o cotbert` and `-o infocse` as users run them: the recipes in params.yaml reach the
     objectives (templates; the pre-trained auxiliary network), and the exports carry the
     objective's pooling into `evaluate`."""
+    from pairforge.train.infocse_aux import AuxiliaryMLM, save_auxiliary
     from transformers import BertForMaskedLM
-
-    from train.infocse_aux import AuxiliaryMLM, save_auxiliary
 
     mlm = BertForMaskedLM.from_pretrained(tiny_model_dir)
     aux = AuxiliaryMLM.from_encoder(mlm.bert, 1, 2, mlm.cls)

@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 import pytest
+from pairforge.pipeline.errors import PairforgeError
+from pairforge.train import sts
 
-from pipeline.errors import PairforgeError
 from tests.train.builders import STS_PAIRS
-from train import sts
 
 
 def test_rankdata_averages_ties():

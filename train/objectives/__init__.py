@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from train.objectives import columns
-from train.objectives.base import Objective, trainable_parameters
-from train.objectives.bsl import BSL
-from train.objectives.cotbert import CoTBERT
-from train.objectives.debcse import DebCSE
-from train.objectives.denosent import DenoSent
-from train.objectives.infocse import InfoCSE
-from train.objectives.simcse import SimCSE
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Objective, trainable_parameters
+from pairforge.train.objectives.bsl import BSL
+from pairforge.train.objectives.cotbert import CoTBERT
+from pairforge.train.objectives.debcse import DebCSE
+from pairforge.train.objectives.denosent import DenoSent
+from pairforge.train.objectives.infocse import InfoCSE
+from pairforge.train.objectives.simcse import SimCSE
 
 OBJECTIVES: dict[str, type[Objective]] = {
     objective.name: objective for objective in (SimCSE, DebCSE, DenoSent, BSL, InfoCSE, CoTBERT)

@@ -52,9 +52,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+from pairforge.train.objectives.prompts import build_prompt_inputs
 from torch import nn
-
-from train.objectives.prompts import build_prompt_inputs
 
 Features = Mapping[str, torch.Tensor]
 Batch = Mapping[str, Features]

@@ -17,10 +17,9 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
 from torch import nn
-
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
 
 
 def mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ objectives use.
 
 from __future__ import annotations
 
-from pipeline import schemas as S
+from pairforge.pipeline import schemas as S
 
 # SimCSE: one sentence per row; the positive is the same sentence under another dropout mask.
 TEXT = S.TEXT

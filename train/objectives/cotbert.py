@@ -43,10 +43,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
-from train.objectives.simcse import SimCSEPooler, cosine_matrix
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
+from pairforge.train.objectives.simcse import SimCSEPooler, cosine_matrix
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"

@@ -36,11 +36,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pairforge.train.distributed import gather_with_grad, row_offset
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 from torch import nn
-
-from train.distributed import gather_with_grad, row_offset
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 
 NegativeSpace = Literal["normalised", "raw"]
 

@@ -30,18 +30,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Objective, run_encoder
-from train.objectives.prompts import (  # noqa: F401 - re-exported for callers of this module
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Objective, run_encoder
+from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for callers of this module
     MASK_SLOT,
     SENTENCE_SLOT,
     build_prompt_inputs,
     check_template,
     truncate_sentences,
 )
-from train.objectives.simcse import simcse_loss
+from pairforge.train.objectives.simcse import simcse_loss
+from torch import nn
 
 PROMPT_TEMPLATE = '"[X]" means [MASK].'
 

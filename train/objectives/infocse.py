@@ -27,18 +27,17 @@ import logging
 from typing import Any
 
 import torch
-from torch import nn
-
-from pipeline.errors import ConfigError
-from train.infocse_aux import (  # noqa: F401 - mask_tokens re-exported with the objective
+from pairforge.pipeline.errors import ConfigError
+from pairforge.train.infocse_aux import (  # noqa: F401 - mask_tokens re-exported with the objective
     AuxiliaryMLM,
     encoder_layers,
     load_auxiliary,
     mask_tokens,
 )
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
-from train.objectives.simcse import SimCSEPooler, simcse_loss
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
+from pairforge.train.objectives.simcse import SimCSEPooler, simcse_loss
+from torch import nn
 
 log = logging.getLogger("pairforge")
 

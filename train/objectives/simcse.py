@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pairforge.train.distributed import gather_with_grad, row_offset
+from pairforge.train.objectives import columns
+from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 from torch import nn
-
-from train.distributed import gather_with_grad, row_offset
-from train.objectives import columns
-from train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
 
 
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-
-from pipeline import schemas as S
-from pipeline.shards import DatasetWriter
-from pipeline.text import sentence_ids
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.shards import DatasetWriter
+from pairforge.pipeline.text import sentence_ids
 
 WORDS = [
     "river",

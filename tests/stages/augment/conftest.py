@@ -11,7 +11,7 @@ from augment_helpers import make_sentences
 
 
 def _tokenizer_folder(folder: Path, texts: list[str], vocab_size: int) -> dict[str, int]:
-    from stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
+    from pairforge.stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
 
     spm_model = train_vocabulary(texts, vocab_size)
     vocab = marian_vocab(spm_model)
@@ -57,7 +57,7 @@ def tiny_marian(tmp_path_factory, corpus) -> Path:
 @pytest.fixture(scope="session")
 def copy_marian(tmp_path_factory, corpus) -> Path:
     """A stand-in (constructed) MarianMT that copies its input exactly: no neighbours given."""
-    from stages.augment.standin import build_model
+    from pairforge.stages.augment.standin import build_model
 
     folder = tmp_path_factory.mktemp("models") / "copy-marian"
     vocab = _tokenizer_folder(folder, corpus, 300)

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pairforge.stages.augment.engines as engines
 import pyarrow.compute as pc
 import pytest
 from augment_helpers import make_sentences, write_sentences
-
-import stages.augment.engines as engines
-from pipeline import schemas as S
-from pipeline.runner import LocalExecutor
-from pipeline.shards import open_dataset
-from stages.backtranslate import BacktranslateConfig, run
-from stages.standin import StandinConfig
-from stages.standin import run as run_standin
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.shards import open_dataset
+from pairforge.stages.backtranslate import BacktranslateConfig, run
+from pairforge.stages.standin import StandinConfig
+from pairforge.stages.standin import run as run_standin
 
 
 @pytest.fixture()

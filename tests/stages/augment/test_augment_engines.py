@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from pipeline.errors import ConfigError
-from stages.augment.decoding import Decoding
-from stages.augment.engines import TransformersTranslator, engine_settings, load_translator
-from stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
+from pairforge.pipeline.errors import ConfigError
+from pairforge.stages.augment.decoding import Decoding
+from pairforge.stages.augment.engines import (
+    TransformersTranslator,
+    engine_settings,
+    load_translator,
+)
+from pairforge.stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
 
 GREEDY = Decoding()
 

@@ -9,13 +9,12 @@ import sqlite3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pairforge.stages.augment.batching import plan_batches
+from pairforge.stages.augment.cache import KeyValueCache, cache_key
+from pairforge.stages.augment.decoding import Decoding, Lengths
+from pairforge.stages.augment.noise import NoiseSettings, frequent_words, noise_kind, noise_variants
+from pairforge.stages.augment.quality import quality_signals
 from pydantic import ValidationError
-
-from stages.augment.batching import plan_batches
-from stages.augment.cache import KeyValueCache, cache_key
-from stages.augment.decoding import Decoding, Lengths
-from stages.augment.noise import NoiseSettings, frequent_words, noise_kind, noise_variants
-from stages.augment.quality import quality_signals
 
 
 @settings(max_examples=200, deadline=None)

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from augment_helpers import make_sentences, write_params, write_sentences
+from pairforge.pipeline.cli import app
 from typer.testing import CliRunner
 
-from pipeline.cli import app
 from tests.conftest import ROOT, run_cli
 
 runner = CliRunner()
@@ -74,7 +74,7 @@ def test_sigkill_mid_run_then_resume_equals_a_clean_run(tmp_path, tiny_marian):
     killed = make_project(tmp_path / "killed", tiny_marian)
     env = {"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1", "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "backtranslate", "--no-progress"],
+        [sys.executable, "-m", "pairforge.pipeline.cli", "backtranslate", "--no-progress"],
         cwd=killed,
         env=env,
         stdout=subprocess.DEVNULL,

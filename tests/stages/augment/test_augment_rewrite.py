@@ -8,13 +8,13 @@ import os
 import pytest
 from augment_helpers import make_sentences, write_params, write_sentences
 from augment_openai_server import PROMPT_PREFIX, FaultyChatServer, content_fault, good_rewrite
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.shards import open_dataset
+from pairforge.stages.augment.llm import ChatClient, ChatSettings, Validation, validate_rewrite
+from pairforge.stages.rewrite import RewriteConfig, run
 
-from pipeline import schemas as S
-from pipeline.errors import ConfigError, PairforgeError
-from pipeline.runner import LocalExecutor
-from pipeline.shards import open_dataset
-from stages.augment.llm import ChatClient, ChatSettings, Validation, validate_rewrite
-from stages.rewrite import RewriteConfig, run
 from tests.conftest import run_cli
 
 KEY = "sk-test-SECRET-4f9a2c7e1b"
@@ -156,7 +156,7 @@ def test_rate_limiter_spaces_acquisitions_across_threads():
     import threading
     import time
 
-    from stages.augment.llm import RateLimiter
+    from pairforge.stages.augment.llm import RateLimiter
 
     limiter, times, lock = RateLimiter(1200), [], threading.Lock()
 

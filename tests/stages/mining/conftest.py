@@ -13,8 +13,7 @@ from mining_helpers import (
     write_candidates,
     write_sentences,
 )
-
-from pipeline.text import sentence_id
+from pairforge.pipeline.text import sentence_id
 
 
 @pytest.fixture(autouse=True)

@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import yaml
-
-from pipeline import schemas as S
-from pipeline.shards import DatasetWriter
-from pipeline.text import sentence_id
-from stages.mining.inputs import write_vectors
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.shards import DatasetWriter
+from pairforge.pipeline.text import sentence_id
+from pairforge.stages.mining.inputs import write_vectors
 
 WORDS = [
     "the",

@@ -7,14 +7,13 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pairforge.stages.mining.edits as edits
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pairforge.stages.mining.edits import EditCodes, code_distances, edit_scorer, numba_unavailable
 from rapidfuzz.distance import Indel, Levenshtein
-
-import stages.mining.edits as edits
-from stages.mining.edits import EditCodes, code_distances, edit_scorer, numba_unavailable
 
 pytestmark = pytest.mark.skipif(
     numba_unavailable() is not None, reason=f"numba backend unavailable: {numba_unavailable()}"
@@ -127,7 +126,7 @@ def test_named_cases():
 
 
 def test_beyond_block_max_uses_the_dp_and_still_agrees():
-    from stages.mining.edit_kernels import BLOCK_MAX
+    from pairforge.stages.mining.edit_kernels import BLOCK_MAX
 
     rng = np.random.default_rng(0)
     a = rng.integers(0, 5, BLOCK_MAX + 3).tolist()

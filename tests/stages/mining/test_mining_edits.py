@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pairforge.stages.mining.edits as edits
 import pytest
-from rapidfuzz.distance import Indel, Levenshtein
-
-import stages.mining.edits as edits
-from stages.mining.edits import (
+from pairforge.stages.mining.edits import (
     cross_distances,
     encode_words,
     pair_distances,
     pool_distances,
     tokenize_words,
 )
+from rapidfuzz.distance import Indel, Levenshtein
 
 
 @pytest.mark.parametrize(

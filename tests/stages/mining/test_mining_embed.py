@@ -15,14 +15,13 @@ from mining_helpers import (
     write_candidates,
     write_sentences,
 )
-
-from pipeline import schemas as S
-from pipeline.errors import IncompleteDatasetError, PairforgeError
-from pipeline.shards import open_dataset
-from pipeline.text import sentence_id
-from stages.embed import EmbedConfig, embed_shard, run
-from stages.mining.encoder import TextEncoder
-from stages.mining.inputs import load_vectors, open_embeddings
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.text import sentence_id
+from pairforge.stages.embed import EmbedConfig, embed_shard, run
+from pairforge.stages.mining.encoder import TextEncoder
+from pairforge.stages.mining.inputs import load_vectors, open_embeddings
 
 
 def _direct(folder, texts, pooling):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 import pytest
-
-from stages.mining.index import (
+from pairforge.stages.mining.index import (
     build_index,
     check_vectors,
     gpu_available,

@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-
-from stages.mining.ipw import (
+from pairforge.stages.mining.ipw import (
     entropy_ratio,
     negative_probs,
     pool_entropy_ratios,

@@ -17,13 +17,12 @@ from mining_helpers import (
     write_embeddings,
     write_sentences,
 )
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError
-from pipeline.schemas import SchemaError
-from pipeline.shards import open_dataset
-from pipeline.text import sentence_id
-from stages.mine import MineConfig, run
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError
+from pairforge.pipeline.schemas import SchemaError
+from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.text import sentence_id
+from pairforge.stages.mine import MineConfig, run
 
 
 def _vectors(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
@@ -179,8 +178,8 @@ def test_llm_rewrites_are_own_augmentations_too(tmp_path):
 
 
 def test_empty_or_absent_rewrites_change_nothing(project, tmp_path):
-    from stages.rewrite import RewriteConfig
-    from stages.rewrite import run as rewrite
+    from pairforge.stages.rewrite import RewriteConfig
+    from pairforge.stages.rewrite import run as rewrite
 
     shards = {}
     for case in ("absent", "empty", "disabled"):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from stages.mining.index import build_index, search
-from stages.mining.pools import EXCLUSION_REASONS, build_negative_pools, normalize_text
+from pairforge.stages.mining.index import build_index, search
+from pairforge.stages.mining.pools import EXCLUSION_REASONS, build_negative_pools, normalize_text
 
 F32 = np.float32
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mining_helpers import copy_project, read_json
-
-from pipeline.errors import ConfigError
-from stages.embed import EmbedConfig
-from stages.embed import run as embed
-from stages.mine import MineConfig
-from stages.mine import run as mine
-from stages.mining.diagnostics import csv_text, histograms, lexical_overlap
-from stages.report import ReportConfig, read_nli, run
-from stages.sample import SampleConfig
-from stages.sample import run as sample
+from pairforge.pipeline.errors import ConfigError
+from pairforge.stages.embed import EmbedConfig
+from pairforge.stages.embed import run as embed
+from pairforge.stages.mine import MineConfig
+from pairforge.stages.mine import run as mine
+from pairforge.stages.mining.diagnostics import csv_text, histograms, lexical_overlap
+from pairforge.stages.report import ReportConfig, read_nli, run
+from pairforge.stages.sample import SampleConfig
+from pairforge.stages.sample import run as sample
 
 
 def test_lexical_overlap_by_hand():

@@ -20,8 +20,8 @@ from mining_helpers import (
     write_params,
     write_sentences,
 )
+from pairforge.pipeline.text import sentence_id
 
-from pipeline.text import sentence_id
 from tests.conftest import ROOT, run_cli
 
 OUTPUTS = {
@@ -82,7 +82,7 @@ def reference(inputs, tmp_path_factory) -> dict:
 
 def _start(stage: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", stage, "--no-progress"],
+        [sys.executable, "-m", "pairforge.pipeline.cli", stage, "--no-progress"],
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
@@ -137,13 +137,12 @@ def test_cli_errors_are_one_line(inputs, tmp_path):
 
 
 def test_help_lists_every_option():
+    from pairforge.pipeline.cli import app
+    from pairforge.stages.embed import EmbedConfig
+    from pairforge.stages.mine import MineConfig
+    from pairforge.stages.report import ReportConfig
+    from pairforge.stages.sample import SampleConfig
     from typer.testing import CliRunner
-
-    from pipeline.cli import app
-    from stages.embed import EmbedConfig
-    from stages.mine import MineConfig
-    from stages.report import ReportConfig
-    from stages.sample import SampleConfig
 
     runner = CliRunner()
     for name, model, skip in (

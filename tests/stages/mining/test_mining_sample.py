@@ -10,20 +10,19 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from mining_helpers import copy_project, read_json, unit, write_candidates, write_embeddings
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.schemas import SchemaError
+from pairforge.pipeline.shards import open_dataset
+from pairforge.stages.mine import MineConfig
+from pairforge.stages.mine import run as mine
+from pairforge.stages.mining.card import CARD
+from pairforge.stages.mining.edits import tokenize_words
+from pairforge.stages.mining.inputs import load_vectors, open_embeddings
+from pairforge.stages.mining.pairs import draw, score_pools
+from pairforge.stages.sample import SampleConfig, run
 from rapidfuzz.distance import Levenshtein
 from scipy.stats import chisquare
-
-from pipeline import schemas as S
-from pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
-from pipeline.schemas import SchemaError
-from pipeline.shards import open_dataset
-from stages.mine import MineConfig
-from stages.mine import run as mine
-from stages.mining.card import CARD
-from stages.mining.edits import tokenize_words
-from stages.mining.inputs import load_vectors, open_embeddings
-from stages.mining.pairs import draw, score_pools
-from stages.sample import SampleConfig, run
 
 INFO = {"model": "test", "pooling": "mean", "prompt": None, "max_length": 32, "dim": 16}
 
@@ -382,9 +381,8 @@ def test_four_readers_and_the_card(sampled):
 
 
 def test_export_layouts(sampled, tmp_path):
+    from pairforge.pipeline.cli import app
     from typer.testing import CliRunner
-
-    from pipeline.cli import app
 
     root, _ = sampled
     table = open_dataset(root / "data/pairs", S.PAIRS).read_table()
@@ -523,8 +521,8 @@ def test_rewrites_are_a_second_positive_source(mined, tmp_path):
 
 
 def test_empty_rewrites_change_nothing(mined, sampled, tmp_path):
-    from stages.rewrite import RewriteConfig
-    from stages.rewrite import run as rewrite
+    from pairforge.stages.rewrite import RewriteConfig
+    from pairforge.stages.rewrite import run as rewrite
 
     root, _ = sampled
     other = copy_project(mined, tmp_path)

@@ -6,9 +6,8 @@ import itertools
 
 import numpy as np
 import pytest
+from pairforge.stages.mining.ipw import negative_probs, sample_pools, sample_without_replacement
 from scipy.stats import chisquare
-
-from stages.mining.ipw import negative_probs, sample_pools, sample_without_replacement
 
 P = np.array([0.4, 0.3, 0.2, 0.1])
 N_DRAWS = 20_000

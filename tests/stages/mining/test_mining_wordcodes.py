@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+import pairforge.stages.mining.edits as edits
 import pyarrow as pa
 import pytest
-from rapidfuzz.distance import Indel, Levenshtein
-
-import stages.mining.edits as edits
-from stages.mining.edits import (
+from pairforge.stages.mining.edits import (
     EditCodes,
     WordCodes,
     encoded_distances,
     pair_distances,
     tokenize_words,
 )
+from rapidfuzz.distance import Indel, Levenshtein
 
 TEXTS = [
     "The cat sat on the mat.",
