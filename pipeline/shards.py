@@ -75,6 +75,45 @@ def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:
     )
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where the OS allows (Linux /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    # Elsewhere the only API sets it; setting it back at once is racy only against other threads
+    # creating files in that instant.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | Path) -> None:
+    """Give ``path``, or a folder and everything under it, the modes that ``open`` and ``mkdir``
+    give new files under the user's umask: 0o666 (0o777 for folders and executables) less it.
+
+    Libraries that write through ``mkstemp`` leave 0o600 (safetensors' ``model.safetensors``),
+    which the rest of a group sharing a model folder cannot read; call this on what such a
+    library wrote before publishing it (before the rename into place).
+    """
+    mask = current_umask()
+    root = Path(path)
+    todo = [root]
+    if root.is_dir():
+        todo += list(root.rglob("*"))
+    for p in todo:
+        if p.is_symlink():
+            continue
+        st = p.stat()
+        full = 0o777 if p.is_dir() or st.st_mode & 0o111 else 0o666
+        want = full & ~mask
+        if st.st_mode & 0o777 != want:
+            os.chmod(p, want)
+
+
 def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
