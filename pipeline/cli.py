@@ -1,43 +1,115 @@
-"""The ``pairforge`` command: one sub-command per stage, plus profile management."""
+"""The ``pairforge`` command: one sub-command per stage, plus profile management.
+
+Each command's module is imported only when that command runs or shows its help: the stages
+pull in pyarrow, FAISS, torch and friends, and ``pairforge --help`` should answer at once. The
+root listing reads each command's one-line summary from its docstring in the source, without
+importing the module.
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib
+import importlib.util
+from typing import Any
+
 import typer
-from pairforge.pipeline import profiles
-from pairforge.stages import (
-    backtranslate,
-    embed,
-    ingest,
-    mine,
-    pretrain,
-    report,
-    rewrite,
-    sample,
-    standin,
-)
-from pairforge.stages import evaluate as evaluate_stage
-from pairforge.stages import train as train_stage
+from typer.core import TyperGroup
+
+# command -> (module, attribute). A function becomes a command; a ``typer.Typer`` a group.
+# Pipeline order, which is also the order of the help listing.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "ingest": ("pairforge.stages.ingest", "command"),
+    "standin": ("pairforge.stages.standin", "command"),
+    "backtranslate": ("pairforge.stages.backtranslate", "command"),
+    "rewrite": ("pairforge.stages.rewrite", "command"),
+    "pretrain": ("pairforge.stages.pretrain", "command"),
+    "embed": ("pairforge.stages.embed", "command"),
+    "mine": ("pairforge.stages.mine", "command"),
+    "sample": ("pairforge.stages.sample", "command"),
+    "report": ("pairforge.stages.report", "command"),
+    "export": ("pairforge.stages.sample", "export_command"),
+    "train": ("pairforge.stages.train", "command"),
+    "evaluate": ("pairforge.stages.evaluate", "command"),
+    "profile": ("pairforge.pipeline.profiles", "app"),
+}
+
+
+@functools.cache
+def load_command(name: str) -> Any:
+    """The click command behind ``name``, its module imported now."""
+    module, attribute = COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if isinstance(target, typer.Typer):
+        command = typer.main.get_group(target)
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+        single.command(name=name)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+@functools.cache
+def summary(name: str) -> str:
+    """The first paragraph of the command's docstring (or, for a group, its ``help=``), read
+    from the module's source without importing it."""
+    module, attribute = COMMANDS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return ""
+    with open(spec.origin, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == attribute:
+            return (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == attribute for t in node.targets
+        ):
+            for keyword in getattr(node.value, "keywords", []):
+                if keyword.arg == "help" and isinstance(keyword.value, ast.Constant):
+                    return str(keyword.value.value)
+    return ""
+
+
+class LazyGroup(TyperGroup):
+    """The root group: commands from :data:`COMMANDS`, each loaded on first use. While the root
+    help is being written, each command is a stand-in that carries only its summary."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:
+            return typer.core.TyperCommand(name=cmd_name, help=summary(cmd_name))
+        return load_command(cmd_name)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="pairforge",
+    cls=LazyGroup,
     help="Offline augmentation and hard-pair mining for unsupervised sentence embeddings.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command(name="ingest")(ingest.command)
-app.command(name="standin")(standin.command)
-app.command(name="backtranslate")(backtranslate.command)
-app.command(name="rewrite")(rewrite.command)
-app.command(name="pretrain")(pretrain.command)
-app.command(name="embed")(embed.command)
-app.command(name="mine")(mine.command)
-app.command(name="sample")(sample.command)
-app.command(name="report")(report.command)
-app.command(name="export")(sample.export_command)
-app.command(name="train")(train_stage.command)
-app.command(name="evaluate")(evaluate_stage.command)
-app.add_typer(profiles.app, name="profile")
+
+
+@app.callback()
+def _root() -> None:
+    pass  # a callback makes the app a group (of LazyGroup) even with no registered command
 
 
 def main() -> None:

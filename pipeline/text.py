@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 import unicodedata
 
 import numpy as np
@@ -14,11 +13,24 @@ import pyarrow.compute as pc
 # and the zero-width space all become a space; runs of whitespace then collapse to one. Other
 # format characters (soft hyphen, zero-width joiner) are kept: they carry meaning in some
 # scripts and in emoji sequences.
-_TO_SPACE = {
-    cp: " "
-    for cp in range(sys.maxunicode + 1)
-    if unicodedata.category(chr(cp)) in ("Cc", "Zs", "Zl", "Zp") or cp in (0xFEFF, 0x200B)
-}
+_SPACE_CATEGORIES = ("Cc", "Zs", "Zl", "Zp")
+
+
+class _ToSpace(dict):
+    """``str.translate`` table filled on first sight of each code point: building it for all
+    1.1M code points up front cost 0.35 s at every import (every CLI start)."""
+
+    def __missing__(self, cp: int) -> str:
+        char = chr(cp)
+        self[cp] = out = (
+            " "
+            if unicodedata.category(char) in _SPACE_CATEGORIES or cp in (0xFEFF, 0x200B)
+            else char
+        )
+        return out
+
+
+_TO_SPACE = _ToSpace()
 
 
 def normalize_one(text: str) -> str:

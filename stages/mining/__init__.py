@@ -18,30 +18,40 @@ call them. The stages' own parts:
   DebCSE's Table 1/4 diagnostics of the ``report`` stage.
 """
 
-from pairforge.stages.mining.edits import (
-    cross_distances,
-    pair_distances,
-    pool_distances,
-    tokenize_words,
-)
-from pairforge.stages.mining.index import (
-    build_index,
-    check_vectors,
-    measure_recall,
-    recall_at_k,
-    search,
-)
-from pairforge.stages.mining.ipw import (
-    entropy_ratio,
-    negative_probs,
-    pool_entropy_ratios,
-    positive_probs,
-    sample_pools,
-    sample_without_replacement,
-    semantic_scores,
-    surface_scores,
-)
-from pairforge.stages.mining.pools import NegativePools, build_negative_pools, normalize_text
+import importlib
+from typing import Any
+
+# name -> submodule. Resolved on first access (PEP 562) so that importing one submodule (the
+# stage commands import ``inputs``) does not load FAISS and rapidfuzz with the others.
+_EXPORTS = {
+    "cross_distances": "edits",
+    "pair_distances": "edits",
+    "pool_distances": "edits",
+    "tokenize_words": "edits",
+    "build_index": "index",
+    "check_vectors": "index",
+    "measure_recall": "index",
+    "recall_at_k": "index",
+    "search": "index",
+    "entropy_ratio": "ipw",
+    "negative_probs": "ipw",
+    "pool_entropy_ratios": "ipw",
+    "positive_probs": "ipw",
+    "sample_pools": "ipw",
+    "sample_without_replacement": "ipw",
+    "semantic_scores": "ipw",
+    "surface_scores": "ipw",
+    "NegativePools": "pools",
+    "build_negative_pools": "pools",
+    "normalize_text": "pools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+
 
 __all__ = [
     "NegativePools",
