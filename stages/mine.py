@@ -47,7 +47,13 @@ from pairforge.stages.mining.inputs import (
     own_augmentations,
 )
 from pairforge.stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
-from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
+from pairforge.stages.mining.searcher import (
+    IndexSettings,
+    Searcher,
+    band_sizes,
+    flat_view,
+    open_index,
+)
 from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
@@ -70,7 +76,13 @@ class MineConfig(StageConfig):
     )
     output: str = "data/pools"
     metrics: str = "metrics/mine.json"
-    k: int = Field(64, ge=1, description="neighbours retrieved per anchor (itself excluded)")
+    k: int = Field(64, ge=1, description="neighbours retrieved per anchor first (itself excluded)")
+    pool_cap: int | None = Field(
+        1024,
+        ge=1,
+        description="k doubles while an anchor's band lasts, up to this many neighbours; "
+        "null: k only",
+    )
     band_low: float = Field(0.25, ge=-1.0, le=1.0)
     band_high: float = Field(0.75, ge=-1.0, le=1.0)
     near_duplicate_threshold: float | None = Field(
@@ -102,12 +114,18 @@ class MineConfig(StageConfig):
     anchor_batch: int = Field(
         16384, ge=1, description="anchors whose neighbours are held at once (bounds memory)"
     )
-    recall_sample: int = Field(1000, ge=0, description="queries for the recall check; 0: skip")
+    recall_sample: int = Field(
+        1000, ge=0, description="anchors for the recall and band-coverage checks; 0: skip"
+    )
     seed: int = 0
     threads: int = Field(-1, description="rapidfuzz and FAISS threads; -1: all cores")
 
     @model_validator(mode="after")
     def _band_order(self) -> MineConfig:
+        if self.pool_cap is not None and self.pool_cap < self.k:
+            raise ValueError(
+                f"pool_cap ({self.pool_cap}) must be at least k ({self.k}), or null for k only"
+            )
         if self.band_low > self.band_high:
             raise ValueError(
                 f"band_low ({self.band_low}) must not exceed band_high ({self.band_high})"
@@ -140,14 +158,19 @@ def mine_shard(
     widen_limits: tuple[float, float],
     seed: int,
     workers: int,
+    pool_cap: int | None = None,
 ) -> tuple[pa.Table, dict[str, int]]:
     """Anchors (``id``, ``row``, ``augmentations`` list<string>) -> their ``pools`` table.
 
     ``texts`` and ``ids`` are the whole corpus (row ``i`` of the sentences dataset); neighbours
-    come from ``searcher``. Returns the table and its counts (``NegativePools.counts``).
+    come from ``searcher``, grown past its k while the band lasts, up to ``pool_cap + 1`` slots
+    (the anchor usually finds itself). Returns the table and its counts
+    (``NegativePools.counts``, plus ``capped``: anchors whose band went on past the cap, and
+    ``band_retrieved``: retrieved neighbours inside the band before the pool rules).
     """
     rows = table[S.ROW].to_numpy()
-    scores, neighbours = searcher.neighbours(rows)
+    found = searcher.band_neighbours(rows, band[0], None if pool_cap is None else pool_cap + 1)
+    scores, neighbours = found.scores, found.ids
     pools = build_negative_pools(
         neighbours,
         scores,
@@ -164,8 +187,16 @@ def mine_shard(
         vectors=searcher.vectors if fallback == "random" else None,
         seed=seed,
         workers=workers,
+        searched=found.searched,
     )
-    return pools_table(table[S.ID], pools, ids), pools.counts()
+    in_band = (neighbours >= 0) & (neighbours != rows[:, None])
+    in_band &= (scores >= np.float32(band[0])) & (scores <= np.float32(band[1]))
+    counts = {
+        **pools.counts(),
+        "capped": int(found.capped.sum()),
+        "band_retrieved": int(in_band.sum()),
+    }
+    return pools_table(table[S.ID], pools, ids), counts
 
 
 def pools_table(
@@ -239,6 +270,55 @@ def _size_stats(sizes: np.ndarray) -> dict[str, Any]:
     }
 
 
+def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
+    """How much of the band the search reaches, on a seeded sample of ``recall_sample`` anchors:
+    the exact band size (brute force, every other sentence with a cosine in the band) against
+    the in-band neighbours that the grown search returns. An approximate index's misses count
+    against the coverage too."""
+    n = len(searcher.vectors)
+    rng = np.random.default_rng(cfg.seed)
+    rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
+    band = band_sizes(searcher.vectors, rows, cfg.band_low, cfg.band_high)  # (s,)
+    cap = None if cfg.pool_cap is None else cfg.pool_cap + 1
+    found = searcher.band_neighbours(rows, cfg.band_low, cap)
+    in_band = (found.ids >= 0) & (found.ids != rows[:, None])
+    in_band &= (found.scores >= np.float32(cfg.band_low)) & (
+        found.scores <= np.float32(cfg.band_high)
+    )
+    return {"rows": rows, "band": band, "retrieved": in_band.sum(axis=1)}
+
+
+def _coverage_metrics(
+    cfg: MineConfig, totals: dict[str, int], sizes: np.ndarray, sample: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``band_coverage`` metrics: the cap, the share of anchors it stopped, and (from the
+    coverage sample, when this run searched) band size, in-band neighbours reached and pool size.
+    ``coverage`` = in-band neighbours reached / band size, pooled over the sample."""
+    anchors = max(1, int(sizes.size))
+    out: dict[str, Any] = {
+        "k": cfg.k,
+        "pool_cap": cfg.pool_cap,
+        "capped": totals.get("capped", 0),
+        "capped_share": round(totals.get("capped", 0) / anchors, 4),
+        "mean_band_retrieved": round(totals.get("band_retrieved", 0) / anchors, 3),
+        "mean_pool": round(float(sizes.mean()), 3) if sizes.size else None,
+    }
+    if sample:
+        band, got = sample["band"], sample["retrieved"]
+        rows = sample["rows"]
+        pool = sizes[rows] if rows.size and sizes.size > rows.max() else None
+        out.update(
+            sample=int(band.size),
+            mean_band_size=round(float(band.mean()), 3),
+            mean_band_reached=round(float(got.mean()), 3),
+            coverage=round(float(got.sum() / band.sum()), 4) if band.sum() else 1.0,
+            pool_over_band=round(float(pool.sum() / band.sum()), 4)
+            if pool is not None and band.sum()
+            else None,
+        )
+    return out
+
+
 def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     """Mine every anchor's pool; returns the metrics written to ``cfg.metrics``."""
     t0 = time.monotonic()
@@ -270,6 +350,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     bounds = np.concatenate([[0], np.cumsum([s["rows"] for s in sentences.manifest["shards"]])])
     todo = [i for i in range(len(sentences)) if not writer.is_done(i)]
     index_facts: dict[str, Any] = {}
+    coverage_sample: dict[str, Any] = {}
     aug_facts: dict[str, Any] = {}
     rewrite_facts: dict[str, Any] = {}
     search_seconds = 0.0
@@ -308,6 +389,8 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
         rescore = index_facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
         searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
+        if cfg.recall_sample:
+            coverage_sample = band_coverage(searcher, cfg)
         cand_rows, cand_texts, aug_facts = own_augmentations(cfg.candidates, ids, "candidates")
         rw_rows, rw_texts, rewrite_facts = own_augmentations(cfg.rewrites, ids, "rewrites")
         aug_rows, aug_texts = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
@@ -334,6 +417,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
                     widen_limits=cfg.widen_limits,
                     seed=cfg.seed,
                     workers=cfg.threads,
+                    pool_cap=cfg.pool_cap,
                 )
                 parts.append(part)
                 for key, value in part_counts.items():
@@ -365,6 +449,8 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         "anchors": pools.num_rows,
         "index": index_facts or manifest.get("index", {}),
         "k": cfg.k,
+        "pool_cap": cfg.pool_cap,
+        "band_coverage": _coverage_metrics(cfg, totals, sizes, coverage_sample),
         "band": [cfg.band_low, cfg.band_high],
         "fallback": cfg.fallback,
         "min_pool": cfg.min_pool,
@@ -385,6 +471,15 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.metrics), metrics)
     st = metrics["pool_size"]
+    cov = metrics["band_coverage"]
+    log.info(
+        "mine: band coverage %s (retrieved in band / band, sample of %s anchors), %s of anchors "
+        "capped at %s neighbours",
+        cov.get("coverage"),
+        cov.get("sample"),
+        cov.get("capped_share"),
+        cfg.pool_cap or cfg.k,
+    )
     log.info(
         "mine: %d anchors, pool size mean %s (p10 %s), %d short before fallback, %d after (%s)",
         metrics["anchors"],

@@ -185,6 +185,7 @@ def build_negative_pools(
     seed: int = 0,
     normalize: Callable[[str], str] = normalize_text,
     workers: int = -1,
+    searched: np.ndarray | None = None,
 ) -> NegativePools:
     """Build the negative candidate pool of each anchor from its kNN results (see module doc).
 
@@ -198,7 +199,9 @@ def build_negative_pools(
     paraphrase territory.
     ``vectors`` (the corpus embeddings, float32, L2-normalised) is needed by ``fallback="random"``
     only. ``normalize`` maps a text to the form compared for duplicates; pass the ingest stage's
-    normaliser to match its deduplication.
+    normaliser to match its deduplication. ``searched`` ``(b,)``: how many slots of each row
+    the search filled (a search grown for some rows pads the others with -1 past their width;
+    those slots are not ``missing``); None: every slot.
     """
     if not (-1.0 <= low <= high <= 1.0):
         raise ValueError(f"band must satisfy -1 <= low <= high <= 1, got [{low}, {high}]")
@@ -280,8 +283,11 @@ def build_negative_pools(
 
     # Count exclusions by first failed rule, against the band finally used.
     outside = rules.eligible & ~in_pool
+    slots = np.ones(ids.shape, dtype=bool)
+    if searched is not None:
+        slots = np.arange(ids.shape[1])[None, :] < np.asarray(searched)[:, None]  # (b, k)
     excluded = {
-        "missing": ~rules.valid,
+        "missing": ~rules.valid & slots,
         "self": rules.is_self,
         "exact_duplicate": rules.is_exact,
         "own_augmentation": rules.is_aug,

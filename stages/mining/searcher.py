@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import faiss
 import numpy as np
@@ -54,9 +54,11 @@ class Searcher:
         self.batch = batch
         self.rescore = rescore
 
-    def neighbours(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded."""
-        scores, ids = search(self.index, self.vectors[rows], self.k, self.batch, norm_tol=None)
+    def neighbours(self, rows: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded;
+        ``k`` defaults to the searcher's."""
+        k = self.k if k is None else k
+        scores, ids = search(self.index, self.vectors[rows], k, self.batch, norm_tol=None)
         if not self.rescore:
             return scores, ids
         queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
@@ -75,6 +77,67 @@ class Searcher:
         exact[ids < 0] = -np.inf
         order = np.argsort(-exact, axis=1, kind="stable")
         return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def band_neighbours(self, rows: np.ndarray, low: float, cap: int | None) -> BandSearch:
+        """Neighbours of ``rows`` down to the bottom of the band: the search starts at ``k`` and
+        doubles, for the rows whose last neighbour still has a cosine >= ``low``, until every
+        row's band is exhausted or it holds ``cap`` slots (``cap`` None or <= k: ``k`` only).
+
+        Rows are searched afresh at each width (a FAISS search cannot resume), so the work is
+        at most twice that of one search at the final width; only open rows are searched again.
+        Result arrays are ``(len(rows), width)``, padded with -1 / -inf past a row's ``searched``.
+        """
+        n = len(self.vectors)
+        scores, ids = self.neighbours(rows)
+        k = min(self.k, n)
+        cap = k if cap is None else min(max(cap, k), n)
+        searched = np.full(len(rows), k, dtype=np.int64)  # (b,)
+        open_ = _band_open(scores, ids, low)  # (b,)
+        while open_.any() and k < cap:
+            k = min(2 * k, cap)
+            grown_s, grown_i = self.neighbours(rows[open_], k)  # (b_open, k)
+            pad = k - scores.shape[1]
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
+            scores[open_], ids[open_] = grown_s, grown_i
+            searched[open_] = k
+            open_[open_] = _band_open(grown_s, grown_i, low)
+        # Still open at the cap (and not at the whole corpus): part of the band was not reached.
+        capped = open_ & (searched < n)
+        return BandSearch(scores, ids, searched, capped)
+
+
+class BandSearch(NamedTuple):
+    """What ``Searcher.band_neighbours`` found: ``(b, width)`` scores and ids, per row the slots
+    searched and whether the cap stopped the search before the band ended."""
+
+    scores: np.ndarray  # (b, width) float32, -inf padded
+    ids: np.ndarray  # (b, width) int64, -1 padded
+    searched: np.ndarray  # (b,) int64
+    capped: np.ndarray  # (b,) bool
+
+
+def _band_open(scores: np.ndarray, ids: np.ndarray, low: float) -> np.ndarray:
+    """Rows whose last retrieved neighbour is real and still inside the band from below."""
+    return (ids[:, -1] >= 0) & (scores[:, -1] >= np.float32(low))
+
+
+def band_sizes(
+    vectors: np.ndarray, rows: np.ndarray, low: float, high: float, block_bytes: int = 1 << 26
+) -> np.ndarray:
+    """Exact number of other corpus rows with a cosine in ``[low, high]`` to each of ``rows``,
+    shape ``(len(rows),)``, by brute force in query blocks of about ``block_bytes`` of scores
+    (memory stays bounded at any corpus size). For the coverage check on a sample of anchors."""
+    n = len(vectors)
+    per = max(1, block_bytes // (4 * n))
+    out = np.empty(len(rows), dtype=np.int64)
+    lo, hi = np.float32(low), np.float32(high)
+    for start in range(0, len(rows), per):
+        r = rows[start : start + per]
+        cos = vectors[r] @ vectors.T  # (block, n)
+        cos[np.arange(len(r)), r] = np.nan  # the anchor itself is not in its band
+        out[start : start + len(r)] = ((cos >= lo) & (cos <= hi)).sum(axis=1)
+    return out
 
 
 def open_index(

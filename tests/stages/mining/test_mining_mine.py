@@ -55,12 +55,15 @@ def project(mining_inputs, tmp_path):
     return root
 
 
-def test_pools_equal_a_brute_force_numpy_reference(project):
+@pytest.mark.parametrize("pool_cap", [None, 239])
+def test_pools_equal_a_brute_force_numpy_reference(project, pool_cap):
+    """pool_cap None: the band within the k nearest; 239 (the whole corpus): all of the band."""
     k, low, high = 20, 0.2, 0.6
     metrics = run(
         _cfg(
             project,
             k=k,
+            pool_cap=pool_cap,
             band_low=low,
             band_high=high,
             near_duplicate_threshold=None,
@@ -77,8 +80,8 @@ def test_pools_equal_a_brute_force_numpy_reference(project):
     sims = v @ v.T  # (240, 240)
     ids = np.array(_ids(project))
     for a in range(240):
-        order = np.argsort(-sims[a], kind="stable")[: k + 1]
-        order = order[order != a][:k]
+        order = np.argsort(-sims[a], kind="stable")
+        order = order[order != a][: k if pool_cap is None else None]
         want = [j for j in order if low <= sims[a, j] <= high]
         row = table.slice(a, 1).to_pylist()[0]
         assert row[S.ROW] == a and row[S.ID] == ids[a]
@@ -89,9 +92,17 @@ def test_pools_equal_a_brute_force_numpy_reference(project):
     sizes = [len(r) for r in table[S.POOL_ROWS].to_pylist()]
     assert metrics["candidates_in_pools"] == sum(sizes)
     assert metrics["excluded"]["self"] == 240
-    assert metrics["excluded"]["below_band"] + metrics["excluded"]["above_band"] == 240 * k - sum(
-        sizes
-    )
+    if pool_cap is None:
+        assert metrics["excluded"]["below_band"] + metrics["excluded"]["above_band"] == (
+            240 * k - sum(sizes)
+        )
+        cov = metrics["band_coverage"]  # k = 20 reaches only part of these bands
+        assert cov["capped_share"] > 0.5 and cov["coverage"] < 0.5
+        assert cov["mean_band_size"] > 2 * cov["mean_band_reached"]
+    else:  # the whole band reached: no anchor capped, coverage exact on the sample
+        cov = metrics["band_coverage"]
+        assert cov["capped"] == 0 and cov["coverage"] == 1.0 and cov["pool_over_band"] == 1.0
+        assert metrics["excluded"]["missing"] == 0
 
 
 def test_self_duplicates_and_own_augmentations_never_enter(tmp_path):
