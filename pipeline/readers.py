@@ -9,12 +9,13 @@ filters happen later, per shard, so that they can run in parallel.
 
 from __future__ import annotations
 
+import collections
 import csv
 import glob
 import gzip
-import io
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -40,6 +41,8 @@ PREVIEW_BYTES = 1000
 # Reasons a reader can give.
 TOO_LONG = "too_long"
 MALFORMED = "malformed_record"
+# A quoted CSV field may hold line breaks, up to this many physical lines per record.
+MAX_RECORD_LINES = 16
 
 
 class InputError(PairforgeError):
@@ -138,6 +141,29 @@ def _open_binary(path: str) -> BinaryIO:
     return fh
 
 
+def _file_lines(file: InputFile, max_line_bytes: int) -> Iterator[tuple[list[bytes], list[int]]]:
+    """``iter_lines`` over a file, gzipped or not, with read failures as one ``InputError``.
+
+    A truncated or corrupt gzip stream (and any I/O error) stops the stage with the file and the
+    last line read, instead of a traceback or typer's bare "Aborted." (an ``EOFError``).
+    """
+    seen = 0
+    try:
+        with _open_binary(file.path) as fh:
+            for lines, sizes in iter_lines(fh, max_line_bytes):
+                yield lines, sizes
+                seen += len(lines)
+    except (EOFError, OSError, zlib.error) as exc:
+        gz = file.path.endswith(".gz") or isinstance(exc, (EOFError, zlib.error, gzip.BadGzipFile))
+        what = "the gzip stream is truncated or corrupt" if gz else "the file cannot be read"
+        fix = (
+            f"check it with `gzip -t {file.path}` and fetch it again" if gz else "fix or remove it"
+        )
+        raise InputError(
+            f"{file.path}: {what} after line {seen} ({exc}); {fix}, or drop it from ingest.inputs"
+        ) from None
+
+
 def iter_lines(
     stream: BinaryIO, max_line_bytes: int, block_size: int = 1 << 20
 ) -> Iterator[tuple[list[bytes], list[int]]]:
@@ -195,122 +221,205 @@ def iter_lines(
 
 def _read_text(file: InputFile, max_line_bytes: int) -> Iterator[RawBlock]:
     number = 0
-    with _open_binary(file.path) as fh:
-        for lines, sizes in iter_lines(fh, max_line_bytes):
-            block = RawBlock()
-            n = len(lines)
-            block.raw = lines
-            block.source = [file.path] * n
-            block.line = list(range(number + 1, number + n + 1))
-            block.n_bytes = sizes
-            block.reason = [TOO_LONG if s > max_line_bytes else None for s in sizes]
-            block.detail = [
-                f"line of {s} bytes over max_line_bytes={max_line_bytes}"
-                if s > max_line_bytes
-                else None
-                for s in sizes
-            ]
-            number += n
-            yield block
+    for lines, sizes in _file_lines(file, max_line_bytes):
+        block = RawBlock()
+        n = len(lines)
+        block.raw = lines
+        block.source = [file.path] * n
+        block.line = list(range(number + 1, number + n + 1))
+        block.n_bytes = sizes
+        block.reason = [TOO_LONG if s > max_line_bytes else None for s in sizes]
+        block.detail = [
+            f"line of {s} bytes over max_line_bytes={max_line_bytes}"
+            if s > max_line_bytes
+            else None
+            for s in sizes
+        ]
+        number += n
+        yield block
 
 
 def _read_jsonl(file: InputFile, field_name: str, max_line_bytes: int) -> Iterator[RawBlock]:
     number = 0
-    with _open_binary(file.path) as fh:
-        for lines, sizes in iter_lines(fh, max_line_bytes):
-            block = RawBlock()
-            for line, size in zip(lines, sizes, strict=False):
-                number += 1
-                if size > max_line_bytes:
-                    block.add(
-                        line,
-                        file.path,
-                        number,
-                        size,
-                        TOO_LONG,
-                        f"line of {size} bytes over max_line_bytes={max_line_bytes}",
-                    )
-                    continue
-                if not line.strip():
-                    block.add(b"", file.path, number, size)  # dropped later as empty
-                    continue
-                try:
-                    obj = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    block.add(line, file.path, number, size, MALFORMED, f"invalid JSON: {exc}")
-                    continue
-                value = obj.get(field_name) if isinstance(obj, dict) else None
-                if not isinstance(value, str):
-                    why = (
-                        f"no field {field_name!r}"
-                        if not isinstance(obj, dict) or field_name not in obj
-                        else f"field {field_name!r} is {type(value).__name__}, not a string"
-                    )
-                    block.add(line, file.path, number, size, MALFORMED, why)
-                    continue
-                # Lone surrogates from \\ud800-style escapes survive as invalid UTF-8 bytes.
-                block.add(value.encode("utf-8", "surrogatepass"), file.path, number, size)
-            yield block
+    for lines, sizes in _file_lines(file, max_line_bytes):
+        block = RawBlock()
+        for line, size in zip(lines, sizes, strict=False):
+            number += 1
+            if size > max_line_bytes:
+                block.add(
+                    line,
+                    file.path,
+                    number,
+                    size,
+                    TOO_LONG,
+                    f"line of {size} bytes over max_line_bytes={max_line_bytes}",
+                )
+                continue
+            if not line.strip():
+                block.add(b"", file.path, number, size)  # dropped later as empty
+                continue
+            try:
+                obj = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                block.add(line, file.path, number, size, MALFORMED, f"invalid JSON: {exc}")
+                continue
+            value = obj.get(field_name) if isinstance(obj, dict) else None
+            if not isinstance(value, str):
+                why = (
+                    f"no field {field_name!r}"
+                    if not isinstance(obj, dict) or field_name not in obj
+                    else f"field {field_name!r} is {type(value).__name__}, not a string"
+                )
+                block.add(line, file.path, number, size, MALFORMED, why)
+                continue
+            # Lone surrogates from \\ud800-style escapes survive as invalid UTF-8 bytes.
+            block.add(value.encode("utf-8", "surrogatepass"), file.path, number, size)
+        yield block
+
+
+def _numbered_lines(file: InputFile, max_line_bytes: int) -> Iterator[tuple[int, bytes, int]]:
+    """``(line number, bytes, true size)`` of every physical line of a file."""
+    number = 0
+    for lines, sizes in _file_lines(file, max_line_bytes):
+        for line, size in zip(lines, sizes, strict=True):
+            number += 1
+            yield number, line, size
+
+
+class _CsvRecords:
+    """CSV/TSV records over physical lines, with unterminated quotes caught instead of merged.
+
+    A quoted field may hold line breaks (RFC 4180), but a record that spans several lines is
+    accepted only when it closes properly within ``MAX_RECORD_LINES`` lines, has as many fields
+    as the header, and none of its inner lines looks like a record of its own (the header's
+    number of fields, no quote). Otherwise the quote that opened it was never closed: its first
+    line is one ``malformed_record`` and reading resumes at the next line, so the rows it would
+    have swallowed are read as what they are. A quote not followed by the delimiter or the end
+    of the line is malformed too (``strict``); so is a line that opens a quote at the end of file.
+    """
+
+    def __init__(self, file: InputFile, delimiter: str, max_line_bytes: int) -> None:
+        self.file = file
+        self.delimiter = delimiter
+        self.max_line_bytes = max_line_bytes
+        self.lines = _numbered_lines(file, max_line_bytes)
+        self.pending: collections.deque[tuple[int, bytes, int]] = collections.deque()
+        self.width: int | None = None  # the header's number of fields, once read
+
+    def _pull(self) -> tuple[int, bytes, int] | None:
+        return self.pending.popleft() if self.pending else next(self.lines, None)
+
+    def _alone(self, text: str) -> list[str]:
+        return next(csv.reader([text], delimiter=self.delimiter)) if text else []
+
+    def next(self) -> tuple[int, int, bytes, list[str] | None, str | None, str | None] | None:
+        """The next record as ``(line, n_bytes, first line's bytes, fields, reason, detail)``
+        (fields ``None`` when rejected), or ``None`` at the end of the file."""
+        first = self._pull()
+        if first is None:
+            return None
+        number, raw, size = first
+        if size > self.max_line_bytes:
+            why = f"line of {size} bytes over max_line_bytes={self.max_line_bytes}"
+            return number, size, raw, None, TOO_LONG, why
+        text = raw.decode("utf-8", "surrogateescape")
+        if '"' not in text:  # the common case needs no CSV state machine
+            return number, size, raw, text.split(self.delimiter) if text else [], None, None
+        span = [first]
+
+        def feed() -> Iterator[str]:
+            yield text + "\n"
+            while len(span) < MAX_RECORD_LINES:
+                line = self._pull()
+                if line is None:
+                    return
+                span.append(line)
+                if line[2] > self.max_line_bytes:
+                    return  # ends the quoted field as at the end of the file: rejected below
+                yield line[1].decode("utf-8", "surrogateescape") + "\n"
+
+        try:
+            fields: list[str] | None = next(
+                csv.reader(feed(), delimiter=self.delimiter, strict=True)
+            )
+            error = None
+        except csv.Error as exc:
+            fields, error = None, str(exc)
+        if fields is not None and len(span) > 1:
+            inner = [line[1].decode("utf-8", "surrogateescape") for line in span[1:]]
+            if self.width is not None and len(fields) != self.width:
+                error = f"{len(fields)} fields where the header has {self.width}"
+            elif self.width is not None and self.width > 1:
+                for k, line_text in enumerate(inner):
+                    if '"' not in line_text and len(self._alone(line_text)) == self.width:
+                        error = f"line {span[k + 1][0]} inside it reads as a record of its own"
+                        break
+        if error is None:
+            return number, sum(line[2] for line in span), raw, fields, None, None
+        if len(span) == 1:
+            return number, size, raw, None, MALFORMED, f"CSV error: {error}"
+        # The quote opened on the first line never closed: reject that line, reread the rest.
+        self.pending.extendleft(reversed(span[1:]))
+        why = (
+            f"unterminated quoted field: the record starting here does not close properly "
+            f"within lines {number}-{span[-1][0]} ({error})"
+        )
+        return number, size, raw, None, MALFORMED, why
 
 
 def _read_csv(
     file: InputFile, field_name: str, delimiter: str, max_line_bytes: int, block_rows: int = 50_000
 ) -> Iterator[RawBlock]:
-    csv.field_size_limit(max_line_bytes)
-    with _open_binary(file.path) as fh:
-        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        reader = csv.reader(text, delimiter=delimiter)
-        try:
-            header = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise InputError(f"{file.path}: cannot read the CSV header: {exc}") from None
-        if field_name not in header:
-            raise ConfigError(
-                f"ingest.field: column {field_name!r} not in {file.path} (columns: {header})"
+    csv.field_size_limit(max(max_line_bytes * MAX_RECORD_LINES, 1 << 17))
+    records = _CsvRecords(file, delimiter, max_line_bytes)
+    head = records.next()
+    if head is None:
+        return  # an empty file: no rows
+    if head[3] is None:
+        raise InputError(f"{file.path}: cannot read the CSV header on line {head[0]}: {head[5]}")
+    header = head[3]
+    if field_name not in header:
+        raise ConfigError(
+            f"ingest.field: column {field_name!r} not in {file.path} (columns: {header})"
+        )
+    column = header.index(field_name)
+    records.width = len(header)
+    block = RawBlock()
+    while (record := records.next()) is not None:
+        number, n_bytes, raw, fields, reason, detail = record
+        if fields is None:
+            block.add(raw, file.path, number, n_bytes, reason, detail)
+        elif not fields:
+            block.add(b"", file.path, number, n_bytes)  # a blank line: dropped later as empty
+        elif column >= len(fields):
+            block.add(
+                delimiter.join(fields).encode("utf-8", "surrogateescape"),
+                file.path,
+                number,
+                n_bytes,
+                MALFORMED,
+                f"row has {len(fields)} fields, no {field_name!r}",
             )
-        column = header.index(field_name)
-        block = RawBlock()
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as exc:
-                block.add(
-                    b"",
-                    file.path,
-                    reader.line_num,
-                    0,
-                    TOO_LONG if "larger than field limit" in str(exc) else MALFORMED,
-                    f"CSV error: {exc}",
-                )
-                continue
-            if column >= len(row):
-                raw = delimiter.join(row).encode("utf-8", "surrogateescape")
-                block.add(
-                    raw,
-                    file.path,
-                    reader.line_num,
-                    len(raw),
-                    MALFORMED,
-                    f"row has {len(row)} fields, no {field_name!r}",
-                )
-            else:
-                raw = row[column].encode("utf-8", "surrogateescape")
-                block.add(raw, file.path, reader.line_num, len(raw))
-            if len(block) >= block_rows:
-                yield block
-                block = RawBlock()
-        if block:
+        else:
+            block.add(fields[column].encode("utf-8", "surrogateescape"), file.path, number, n_bytes)
+        if len(block) >= block_rows:
             yield block
+            block = RawBlock()
+    if block:
+        yield block
 
 
 def _read_parquet(
     file: InputFile, field_name: str, max_line_bytes: int, block_rows: int = 65_536
 ) -> Iterator[RawBlock]:
-    pf = pq.ParquetFile(file.path)
+    try:
+        pf = pq.ParquetFile(file.path)
+    except (pa.ArrowException, OSError) as exc:
+        state = "empty (0 bytes)" if file.size == 0 else f"corrupt or not Parquet ({exc})"
+        raise InputError(
+            f"{file.path}: cannot read it as Parquet: the file is {state}; "
+            "write it again or drop it from ingest.inputs"
+        ) from None
     names = pf.schema_arrow.names
     if field_name not in names:
         raise ConfigError(
@@ -325,7 +434,17 @@ def _read_parquet(
     ):
         raise InputError(f"{file.path}: column {field_name!r} is {kind}, not text")
     number = 0
-    for batch in pf.iter_batches(columns=[field_name], batch_size=block_rows):
+    batches = pf.iter_batches(columns=[field_name], batch_size=block_rows)
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise InputError(
+                f"{file.path}: the Parquet data is corrupt after row {number} ({exc}); "
+                "write it again or drop it from ingest.inputs"
+            ) from None
+        if batch is None:
+            break
         values = batch.column(0).cast(pa.large_binary()).to_pylist()
         block = RawBlock()
         for value in values:
@@ -346,29 +465,44 @@ def _read_parquet(
         yield block
 
 
-def read_blocks(files: list[InputFile], field_name: str, max_line_bytes: int) -> Iterator[RawBlock]:
-    """Every record of every file, in order, as blocks."""
+def read_blocks(
+    files: list[InputFile],
+    field_name: str,
+    max_line_bytes: int,
+    rows_by_file: dict[str, int] | None = None,
+) -> Iterator[RawBlock]:
+    """Every record of every file, in order, as blocks; ``rows_by_file`` (when given) ends with
+    each file's number of records, 0 for an empty file."""
     for file in files:
         if file.format == "txt":
-            yield from _read_text(file, max_line_bytes)
+            blocks = _read_text(file, max_line_bytes)
         elif file.format == "jsonl":
-            yield from _read_jsonl(file, field_name, max_line_bytes)
+            blocks = _read_jsonl(file, field_name, max_line_bytes)
         elif file.format in ("csv", "tsv"):
-            yield from _read_csv(
-                file, field_name, "," if file.format == "csv" else "\t", max_line_bytes
-            )
+            delimiter = "," if file.format == "csv" else "\t"
+            blocks = _read_csv(file, field_name, delimiter, max_line_bytes)
         elif file.format == "parquet":
-            yield from _read_parquet(file, field_name, max_line_bytes)
+            blocks = _read_parquet(file, field_name, max_line_bytes)
         else:
             raise ConfigError(f"ingest.format: {file.format!r} is not one of {', '.join(FORMATS)}")
+        rows = 0
+        for block in blocks:
+            rows += len(block)
+            yield block
+        if rows_by_file is not None:
+            rows_by_file[file.path] = rows
 
 
 def read_chunks(
-    files: list[InputFile], field_name: str, max_line_bytes: int, chunk_rows: int
+    files: list[InputFile],
+    field_name: str,
+    max_line_bytes: int,
+    chunk_rows: int,
+    rows_by_file: dict[str, int] | None = None,
 ) -> Iterator[RawBlock]:
     """Records regrouped into chunks of exactly ``chunk_rows`` (the last may be shorter)."""
     pending = RawBlock()
-    for block in read_blocks(files, field_name, max_line_bytes):
+    for block in read_blocks(files, field_name, max_line_bytes, rows_by_file):
         pending.extend(block)
         while len(pending) >= chunk_rows:
             yield pending.take(chunk_rows)

@@ -36,7 +36,7 @@ from pairforge.pipeline.cli_options import (
     executor,
 )
 from pairforge.pipeline.config import StageConfig, stage_config
-from pairforge.pipeline.errors import DataIntegrityError
+from pairforge.pipeline.errors import ConfigError, DataIntegrityError
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pairforge.pipeline.runner import Executor, ShardResult, map_tables
@@ -270,13 +270,17 @@ def _block_table(block: RawBlock) -> pa.Table:
 
 
 def _raw_chunks(
-    cfg: IngestConfig, files: list[InputFile], outputs: list[DatasetWriter], counter: list[int]
+    cfg: IngestConfig,
+    files: list[InputFile],
+    outputs: list[DatasetWriter],
+    counter: list[int],
+    rows_by_file: dict[str, int],
 ):
     """Yield ``(index, raw_records table)`` for every chunk some output has not finished.
     Finished chunks are still read (to advance the reader) but not built or cleaned again.
-    ``counter`` ends as [chunks, chunks already finished]."""
+    ``counter`` ends as [chunks, chunks already finished]; ``rows_by_file`` as each file's rows."""
     for index, block in enumerate(
-        read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows)
+        read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows, rows_by_file)
     ):
         counter[0] = index + 1
         if all(w.is_done(index) for w in outputs):
@@ -414,8 +418,10 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
         n_chunks = [0, 0]
         outputs = {"clean": clean, "rejected": rejected}
         if not (clean.complete and rejected.complete):
-            chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks)
+            rows_by_file: dict[str, int] = {}
+            chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks, rows_by_file)
             map_tables(_clean_fn(cfg), chunks, outputs, executor, "ingest/read+clean", progress)
+            _check_rows_read(files, rows_by_file)
             log.info(
                 "ingest/read+clean: cleaned %d of %d chunks; %d were already finished",
                 n_chunks[0] - n_chunks[1],
@@ -428,7 +434,7 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
         rejected.finalize(n_chunks[0])
         n_out, n_q, duplicates = _dedup_step(cfg, clean, rejected, sentences, quarantine, progress)
         chunk_counts = [s.counts for s in clean.finished_shards()]
-        counts: dict[str, int] = {}
+        counts: dict[str, int] = {"read": 0, "kept": 0}
         for c in chunk_counts:
             for k, v in c.items():
                 counts[k] = counts.get(k, 0) + v
@@ -450,6 +456,19 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
         ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
     )
     return metrics
+
+
+def _check_rows_read(files: list[InputFile], rows_by_file: dict[str, int]) -> None:
+    """An empty input gives no rows and a warning; a corpus of only empty inputs is an error."""
+    empty = [f.path for f in files if rows_by_file.get(f.path, 0) == 0]
+    if len(empty) == len(files):
+        raise ConfigError(
+            f"ingest.inputs: no rows read from any input ({len(files)} file(s), all empty: "
+            f"{', '.join(empty[:5])}{', ...' if len(empty) > 5 else ''}); "
+            "point ingest.inputs at the corpus"
+        )
+    for path in empty:
+        log.warning("ingest: %s is empty: no rows read from it", path)
 
 
 def _clean_fn(cfg: IngestConfig):
