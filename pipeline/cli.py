@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("pairforge.stages.sample", "export_command"),
     "train": ("pairforge.stages.train", "command"),
     "evaluate": ("pairforge.stages.evaluate", "command"),
+    "verify": ("pairforge.pipeline.verify", "command"),
     "profile": ("pairforge.pipeline.profiles", "app"),
 }
 

@@ -60,7 +60,8 @@ def setup_logging() -> None:
 
 
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn pairforge errors into one line on stderr: exit 2 for config, 1 for data."""
+    """Turn pairforge errors into one line on stderr: exit 2 for config, a corrupt shard or an
+    output another writer holds (an error's ``exit_code``), 1 for other data errors."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -72,6 +73,6 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise typer.Exit(2) from None
         except PairforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
+            raise typer.Exit(getattr(exc, "exit_code", 1)) from None
 
     return wrapper

@@ -17,3 +17,15 @@ class IncompleteDatasetError(PairforgeError):
 
 class DataIntegrityError(PairforgeError):
     """A shard is missing, truncated or does not match its manifest."""
+
+
+class CorruptShardError(DataIntegrityError):
+    """A shard's bytes differ from its manifest (size or checksum); the CLI exits 2."""
+
+    exit_code = 2
+
+
+class DatasetLockedError(PairforgeError):
+    """Another process is writing the same output; the CLI exits 2."""
+
+    exit_code = 2

@@ -20,11 +20,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.schemas import SchemaSpec
-from pairforge.pipeline.shards import DatasetWriter, ShardInfo, write_shard
+from pairforge.pipeline.shards import Dataset, DatasetWriter, ShardInfo, ShardSource, write_shard
 
 log = logging.getLogger("pairforge")
 
@@ -158,12 +157,12 @@ _END = object()
 @dataclass(frozen=True)
 class _Job:
     index: int
-    input: str | pa.Table  # a shard file, or a table made by the caller
+    input: ShardSource | pa.Table  # a shard of a dataset (verified when read), or a table
     outputs: dict[str, tuple[str, SchemaSpec, str, dict]]  # name -> (folder, spec, label, options)
 
 
 def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
-    table = job.input if isinstance(job.input, pa.Table) else pq.read_table(job.input)
+    table = job.input if isinstance(job.input, pa.Table) else job.input.read()
     result = fn(table)
     if set(result.tables) != set(job.outputs):
         raise ValueError(
@@ -180,15 +179,16 @@ def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
 
 def map_shards(
     fn: ShardFn,
-    inputs: Iterable[str | Path],
+    inputs: Dataset,
     outputs: dict[str, DatasetWriter],
     executor: Executor,
     label: str,
     progress: bool = True,
 ) -> dict[str, list[ShardInfo]]:
-    """Run ``fn`` over every input shard not yet finished; return the shard infos per output,
-    in input order (finished shards from an earlier run included)."""
-    inputs = [str(p) for p in inputs]
+    """Run ``fn`` over every shard of ``inputs`` not yet finished (each shard is verified
+    against the input's manifest when read); return the shard infos per output, in input order
+    (finished shards from an earlier run included)."""
+    inputs = inputs.sources()
     specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
     todo = [
         _Job(i, path, specs)

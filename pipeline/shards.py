@@ -2,9 +2,22 @@
 
 Layout of a dataset folder::
 
-    _manifest.json         written last (the leading _ keeps Arrow and DuckDB folder readers off it); its presence means the dataset is complete
-    part-00000.parquet     shards, numbered from 0, each a self-describing Parquet file
-    _progress/             while a stage runs: one JSON marker per finished shard, and run.json
+    _manifest.json              written last; its presence means the dataset is complete
+    data/part-00000.parquet     shards, numbered from 0, each a self-describing Parquet file
+    README.md                   the card, for datasets that carry one (``pairs``)
+    _progress/                  while a stage runs: one JSON marker per finished shard, run.json
+
+``data/`` holds nothing but Parquet, so every folder reader reads it as a table (polars refuses
+a folder holding any other file); ``datasets.load_dataset(folder)`` finds ``data/*.parquet`` as
+a Hub dataset's train split. Beside the folder, never inside it (DVC hashes the whole folder):
+``.<name>.lock`` while a writer runs (``pipeline/locks.py``) and ``.<name>.run.json`` with the
+facts of the run that wrote it (start and end time, host, git commit), so that two runs on the
+same input give byte-identical folders.
+
+Every shard is read through :meth:`Dataset.read_shard` (or :meth:`Dataset.shard_path` for
+streaming readers), which checks its size and checksum against the manifest the first time this
+process opens it: a changed, truncated or bit-flipped shard fails with one line naming the
+dataset, the shard and the stage to rerun, never decodes into altered rows.
 
 Every file is written under a temporary name in the same folder and renamed into place, so a
 reader never sees half a file. A shard counts as finished only when its marker exists; a run
@@ -18,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,15 +41,22 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError
+import xxhash
+from pairforge.pipeline import locks
+from pairforge.pipeline.errors import CorruptShardError, DataIntegrityError, IncompleteDatasetError
 from pairforge.pipeline.schemas import META_SCHEMA, SchemaError, SchemaSpec, check_arrow_schema
 from pairforge.pipeline.version import code_version
 
 FORMAT = "pairforge-dataset"
-FORMAT_VERSION = 1
+# 2: shards under data/, an xxh3_128 checksum beside the sha256, no run-specific facts.
+FORMAT_VERSION = 2
 MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
 RUN_FILE = "run.json"
+DATA_DIR = "data"
+# The checksum verified on every read: xxh3_128 hashes ~10 GB/s on one core, sha256 ~1.5 and
+# blake2b ~0.8 (docs/verify figures); sha256 stays in the manifest for people who check by hand.
+FAST_CHECKSUM = "xxh3_128"
 
 
 # Shards whose Arrow data is at most this size are encoded in memory before they are written.
@@ -46,12 +67,34 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
+def shard_file(index: int) -> str:
+    """Where shard ``index`` lives, relative to the dataset folder (as the manifest records)."""
+    return f"{DATA_DIR}/{shard_name(index)}"
+
+
+def run_info_path(folder: str | Path) -> Path:
+    """The sidecar with the run-specific facts of a dataset: ``<parent>/.<name>.run.json``."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.run.json"
+
+
 def sha256_file(path: Path, block: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_checksums(path: Path, block: int = 1 << 20) -> tuple[str, str, int]:
+    """sha256, xxh3_128 and size of a file, in one pass."""
+    sha, fast, size = hashlib.sha256(), xxhash.xxh3_128(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            sha.update(chunk)
+            fast.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), fast.hexdigest(), size
 
 
 def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True) -> None:
@@ -127,6 +170,7 @@ class ShardInfo:
     sha256: str
     bytes: int
     counts: dict[str, int] = field(default_factory=dict)
+    xxh3_128: str = ""
 
 
 def write_shard(
@@ -147,26 +191,32 @@ def write_shard(
     killed process, which is all that scratch data needs.
     """
     table = spec.conform(table, dataset)
-    folder.mkdir(parents=True, exist_ok=True)
+    (folder / DATA_DIR).mkdir(parents=True, exist_ok=True)
     (folder / PROGRESS).mkdir(exist_ok=True)
-    final = folder / shard_name(index)
+    final = folder / shard_file(index)
     if table.nbytes <= IN_MEMORY_SHARD_BYTES:
-        # Encode in memory: the sha256 is taken from the bytes, not from a re-read of the file.
+        # Encode in memory: the checksums are taken from the bytes, not from a re-read.
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
         data = sink.getvalue()
         atomic_write_bytes(final, data, durable=durable)
         sha256, size = hashlib.sha256(data).hexdigest(), data.size
+        fast = xxhash.xxh3_128(memoryview(data)).hexdigest()
     else:
-        tmp = folder / f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
         if durable:
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
         os.replace(tmp, final)
-        sha256, size = sha256_file(final), final.stat().st_size
+        sha256, fast, size = file_checksums(final)
     info = ShardInfo(
-        file=final.name, rows=table.num_rows, sha256=sha256, bytes=size, counts=dict(counts or {})
+        file=shard_file(index),
+        rows=table.num_rows,
+        sha256=sha256,
+        bytes=size,
+        counts=dict(counts or {}),
+        xxh3_128=fast,
     )
     atomic_write_json(folder / PROGRESS / f"{final.stem}.json", asdict(info), durable=durable)
     return info
@@ -176,7 +226,9 @@ class DatasetWriter:
     """Coordinates the shards of one output dataset across a (possibly resumed) run.
 
     ``fingerprint`` identifies what the dataset is computed from; finished shards are kept only
-    when it matches the one recorded by the interrupted run.
+    when it matches the one recorded by the interrupted run. The writer holds the dataset's lock
+    (``pipeline/locks.py``) from construction to :meth:`finalize` (or :meth:`close`, or the end
+    of the process): a second writer of the same folder is refused with one line naming it.
     """
 
     def __init__(
@@ -201,7 +253,28 @@ class DatasetWriter:
         # Scratch datasets (a stage's intermediate work) are written fast: no compression, no fsync.
         self.write_options = {"compression": "none", "durable": False} if scratch else {}
         self.progress_dir = self.path / PROGRESS
-        self.complete = self._prepare()
+        self._locked = False
+        locks.acquire(self.path, f"dataset {self.name!r}")
+        self._locked = True
+        try:
+            self.complete = self._prepare()
+        except BaseException:
+            self.close()
+            raise
+        if self.complete:
+            self.close()
+
+    def close(self) -> None:
+        """Release the writer lock (idempotent); :meth:`finalize` calls it."""
+        if self._locked:
+            self._locked = False
+            locks.release(self.path)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _prepare(self) -> bool:
         self._remove_temporaries()
@@ -228,7 +301,7 @@ class DatasetWriter:
 
     def _remove_temporaries(self) -> None:
         """Half-written files of a killed run (their final names were never taken)."""
-        for folder in (self.path, self.progress_dir):
+        for folder in (self.path, self.path / DATA_DIR, self.progress_dir):
             if folder.is_dir():
                 for tmp in folder.glob(".*.tmp-*"):
                     tmp.unlink(missing_ok=True)
@@ -238,7 +311,8 @@ class DatasetWriter:
         if not self.path.exists():
             return
         for child in self.path.iterdir():
-            owned = child.name in {MANIFEST, PROGRESS, "_work"} or (
+            # part-* at the top level: the shards of a format-1 dataset.
+            owned = child.name in {MANIFEST, PROGRESS, DATA_DIR, "README.md", "_work"} or (
                 child.name.startswith(("part-", ".part-", f".{MANIFEST}"))
             )
             if not owned:
@@ -252,7 +326,7 @@ class DatasetWriter:
         if self.complete:
             return True
         marker = self.progress_dir / f"part-{index:05d}.json"
-        return marker.exists() and (self.path / shard_name(index)).exists()
+        return marker.exists() and (self.path / shard_file(index)).exists()
 
     def done_info(self, index: int) -> ShardInfo:
         if self.complete:
@@ -286,9 +360,9 @@ class DatasetWriter:
                     f"dataset {self.name!r}: shard {index} is not finished; cannot finalize"
                 )
             shards.append(asdict(self.done_info(index)))
-        stray = sorted(p.name for p in self.path.glob("part-*.parquet"))[num_shards:]
-        for name in stray:
-            (self.path / name).unlink()
+        stray = sorted((self.path / DATA_DIR).glob("part-*.parquet"))[num_shards:]
+        for file in stray:
+            file.unlink()
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -301,17 +375,34 @@ class DatasetWriter:
             "stage": self.stage,
             "params": self.params,
             "fingerprint": self.fingerprint,
-            "code_version": code_version(self.stage),
-            "created_at": self.created_at,
+            # Without the git commit: a commit that leaves this stage's code alone must not
+            # change the dataset's bytes (the commit is in the run sidecar).
+            "code_version": code_version(self.stage, git=False),
             "rows": sum(s["rows"] for s in shards),
             "rows_per_shard": self.rows_per_shard,
             "num_shards": len(shards),
             "shards": shards,
             **(extra or {}),
         }
+        # The sidecar first: a run killed between the two leaves an unfinished dataset, never
+        # a finished one without its run facts.
+        atomic_write_json(
+            run_info_path(self.path),
+            {
+                "dataset": self.name,
+                "stage": self.stage,
+                "fingerprint": self.fingerprint,
+                "code_version": code_version(self.stage),
+                "created_at": self.created_at,
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            },
+        )
         atomic_write_json(self.path / MANIFEST, manifest)
         shutil.rmtree(self.progress_dir, ignore_errors=True)
         self.complete = True
+        self.close()
         return manifest
 
 
@@ -334,8 +425,144 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         ) from None
 
 
+# Shards this process has checked against their manifest, by file identity: a shard is hashed
+# the first time it is opened in a run and trusted until its file changes (new inode, size or
+# mtime). Dask workers keep their own.
+_verified: set[tuple] = set()
+_verified_guard = threading.Lock()
+
+
+def _identity(file: Path, expected: str) -> tuple:
+    st = file.stat()
+    return (str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, expected)
+
+
+def _expected_checksum(shard: dict[str, Any]) -> tuple[str, str]:
+    """The checksum a read verifies: xxh3_128 when the manifest has it (format 2), else sha256."""
+    if shard.get(FAST_CHECKSUM):
+        return FAST_CHECKSUM, shard[FAST_CHECKSUM]
+    return "sha256", shard["sha256"]
+
+
+def _hasher(algorithm: str) -> Any:
+    return xxhash.xxh3_128() if algorithm == FAST_CHECKSUM else hashlib.sha256()
+
+
+def _remedy(stage: str | None) -> str:
+    writer = f" (`pairforge {stage}`)" if stage else ""
+    return f"rerun the stage that writes it{writer} or fetch the dataset again"
+
+
+def _shard_file(folder: Path, shard: dict[str, Any], label: str, stage: str | None) -> Path:
+    file = folder / shard["file"]
+    if not file.is_file():
+        raise CorruptShardError(f"{label}: shard {shard['file']} is missing; {_remedy(stage)}")
+    return file
+
+
+def _check_size(file: Path, shard: dict, size: int, label: str, stage: str | None) -> None:
+    if size != shard["bytes"]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} is corrupt (size {size} != {shard['bytes']} in the "
+            f"manifest); {_remedy(stage)}"
+        )
+
+
+def _check_digest(shard: dict, algorithm: str, digest: str, label: str, stage: str | None) -> None:
+    if digest != _expected_checksum(shard)[1]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} is corrupt ({algorithm} mismatch; size "
+            f"{shard['bytes']} as in the manifest); {_remedy(stage)}"
+        )
+
+
+def verified_shard_path(
+    folder: str | Path, shard: dict[str, Any], label: str, stage: str | None = None
+) -> Path:
+    """The path of a manifest ``shard`` of the dataset at ``folder``, after checking its size and
+    checksum (streamed, once per process). For readers that stream a shard row group by row
+    group; everything else reads through :func:`read_verified_shard`."""
+    folder = Path(folder)
+    file = _shard_file(folder, shard, label, stage)
+    algorithm, expected = _expected_checksum(shard)
+    identity = _identity(file, expected)
+    if identity in _verified:
+        return file
+    _check_size(file, shard, identity[3], label, stage)
+    digest = _hasher(algorithm)
+    with open(file, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
+    with _verified_guard:
+        _verified.add(identity)
+    return file
+
+
+def read_verified_shard(
+    folder: str | Path,
+    shard: dict[str, Any],
+    label: str,
+    stage: str | None = None,
+    spec: SchemaSpec | None = None,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Read one manifest ``shard`` of the dataset at ``folder``: the file's bytes are hashed as
+    they are read into memory and decoded from that buffer (one pass over the file); a size or
+    checksum that differs from the manifest, a file that does not decode, or a row count that
+    differs is one :class:`CorruptShardError` line naming the dataset, the shard and the fix."""
+    folder = Path(folder)
+    file = _shard_file(folder, shard, label, stage)
+    algorithm, expected = _expected_checksum(shard)
+    identity = _identity(file, expected)
+    source: Any = file
+    if identity not in _verified:
+        _check_size(file, shard, identity[3], label, stage)
+        data = file.read_bytes()
+        _check_size(file, shard, len(data), label, stage)
+        digest = _hasher(algorithm)
+        digest.update(data)
+        _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
+        source = pa.BufferReader(pa.py_buffer(data))
+    try:
+        pf = pq.ParquetFile(source)
+        if spec is not None:
+            check_arrow_schema(pf.schema_arrow, spec, f"{folder}/{shard['file']}")
+        table = pf.read(columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} does not decode ({first}); {_remedy(stage)}"
+        ) from None
+    if table.num_rows != shard["rows"]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} has {table.num_rows} rows, {shard['rows']} in the "
+            f"manifest; {_remedy(stage)}"
+        )
+    with _verified_guard:
+        _verified.add(identity)
+    return table
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """One shard of a complete dataset, picklable for Dask workers; :meth:`read` verifies it."""
+
+    folder: str
+    shard: dict[str, Any]
+    label: str
+    stage: str | None
+    spec: SchemaSpec | None = None
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        return read_verified_shard(
+            self.folder, self.shard, self.label, self.stage, self.spec, columns
+        )
+
+
 class Dataset:
-    """A complete dataset opened for reading; shards are checked against the schema on read."""
+    """A complete dataset opened for reading; every shard is checked against the manifest (size
+    and checksum, once per process) and the schema when it is read."""
 
     def __init__(self, path: Path, manifest: dict[str, Any], spec: SchemaSpec) -> None:
         self.path = path
@@ -343,32 +570,42 @@ class Dataset:
         self.spec = spec
 
     @property
+    def label(self) -> str:
+        return str(self.path)
+
+    @property
+    def stage(self) -> str | None:
+        return self.manifest.get("stage")
+
+    @property
     def num_rows(self) -> int:
         return int(self.manifest["rows"])
 
     @property
     def files(self) -> list[Path]:
+        """The shard files (unverified paths: read them through :meth:`read_shard`)."""
         return [self.path / s["file"] for s in self.manifest["shards"]]
+
+    def sources(self) -> list[ShardSource]:
+        """The shards as picklable sources for the runner (each verifies itself when read)."""
+        return [
+            ShardSource(str(self.path), shard, self.label, self.stage, self.spec)
+            for shard in self.manifest["shards"]
+        ]
 
     def __len__(self) -> int:
         return len(self.manifest["shards"])
 
+    def shard_path(self, index: int) -> Path:
+        """Shard ``index``'s file after a size and checksum check (for streaming readers)."""
+        return verified_shard_path(
+            self.path, self.manifest["shards"][index], self.label, self.stage
+        )
+
     def read_shard(self, index: int, columns: list[str] | None = None) -> pa.Table:
-        shard = self.manifest["shards"][index]
-        file = self.path / shard["file"]
-        if not file.exists():
-            raise DataIntegrityError(
-                f"dataset {str(self.path)!r}: shard {shard['file']} is missing"
-            )
-        pf = pq.ParquetFile(file)
-        check_arrow_schema(pf.schema_arrow, self.spec, f"{self.path}/{shard['file']}")
-        table = pf.read(columns=columns)
-        if table.num_rows != shard["rows"]:
-            raise DataIntegrityError(
-                f"dataset {str(self.path)!r}: shard {shard['file']} has {table.num_rows} rows, "
-                f"manifest says {shard['rows']}"
-            )
-        return table
+        return read_verified_shard(
+            self.path, self.manifest["shards"][index], self.label, self.stage, self.spec, columns
+        )
 
     def iter_shards(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
         for index in range(len(self)):
@@ -384,14 +621,9 @@ class Dataset:
         return pa.concat_tables(tables)
 
     def verify(self) -> None:
-        """Recompute every shard's sha256 and compare it with the manifest."""
-        for shard in self.manifest["shards"]:
-            file = self.path / shard["file"]
-            if not file.exists() or sha256_file(file) != shard["sha256"]:
-                raise DataIntegrityError(
-                    f"dataset {str(self.path)!r}: shard {shard['file']} does not match its "
-                    "manifest (missing or changed since it was written)"
-                )
+        """Check every shard's size and checksum against the manifest (first problem raises)."""
+        for index in range(len(self)):
+            self.shard_path(index)
 
 
 def open_dataset(path: str | Path, spec: SchemaSpec, verify: bool = False) -> Dataset:

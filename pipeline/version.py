@@ -53,10 +53,11 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def code_version(stage: str) -> str:
-    """``<version>+src.<source hash>``, plus ``.git.<commit>`` inside a git checkout."""
+def code_version(stage: str, git: bool = True) -> str:
+    """``<version>+src.<source hash>``, plus ``.git.<commit>`` inside a git checkout when ``git``
+    (manifests leave the commit out, so that their bytes depend on the stage's code only)."""
     parts = [f"{package_version()}+src.{source_hash(stage)}"]
-    commit = git_commit()
+    commit = git_commit() if git else None
     if commit:
         parts.append(f"git.{commit}")
     return ".".join(parts)

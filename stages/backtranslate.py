@@ -274,7 +274,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             seed=cfg.seed,
             progress=progress,
         )
-        map_shards(fn, sentences.files, {"candidates": writer}, executor, STAGE, progress)
+        map_shards(fn, sentences, {"candidates": writer}, executor, STAGE, progress)
         counts: dict[str, int] = {}
         for info in writer.finished_shards():
             for k, v in info.counts.items():

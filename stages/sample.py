@@ -24,7 +24,7 @@ run into word codes, then pairs are scored by row with compiled bit-parallel ker
 (benchmarks/edit_throughput.py).
 
 Output: ``data/pairs`` (``pairs`` schema), shard ``i`` for anchor shard ``i``, with a dataset card
-(``_README.md``) beside the shards; metrics: counts, entropy ratios of P, score distributions.
+(``README.md``) beside ``data/``; metrics: counts, entropy ratios of P, score distributions.
 ``pairforge export`` writes the sentence-transformers layouts.
 """
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from pairforge.pipeline.errors import PairforgeError
-from pairforge.pipeline.shards import read_manifest
+from pairforge.pipeline.shards import read_manifest, verified_shard_path
 
 TEXT_KIND = "text"
 LIST_KIND = "list"
@@ -70,11 +70,21 @@ class PairsSource:
                 raise PairforgeError(
                     f"training data {str(self.path)!r}: shard {f.path.name} is missing"
                 )
-        schema = pq.read_schema(self.files[0].path)
+        schema = pq.read_schema(self.verified(0))
         self.kinds = {
             field.name: kind for field in schema if (kind := column_kind(field.type)) is not None
         }
         self.columns: list[str] = []
+
+    def verified(self, index: int) -> Path:
+        """Shard ``index``'s file, its size and checksum checked against the manifest (once per
+        process): a corrupt shard stops training with one line instead of altered rows."""
+        return verified_shard_path(
+            self.path,
+            self.manifest["shards"][index],
+            f"training data {str(self.path)!r}",
+            self.manifest.get("stage"),
+        )
 
     @property
     def available(self) -> list[str]:
@@ -178,7 +188,7 @@ class RowStream:
 
     def _group_sizes(self, index: int) -> list[int]:
         if index not in self._sizes:
-            metadata = pq.ParquetFile(self.source.files[index].path).metadata
+            metadata = pq.ParquetFile(self.source.verified(index)).metadata
             self._sizes[index] = [
                 metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)
             ]
@@ -191,7 +201,7 @@ class RowStream:
         for group, size in enumerate(self._group_sizes(index)):
             if row < start + size:
                 if self._group is None or self._group[:2] != (index, group):
-                    table = pq.ParquetFile(file.path).read_row_group(
+                    table = pq.ParquetFile(self.source.verified(index)).read_row_group(
                         group, columns=self.source.columns
                     )
                     self._group = (index, group, table)

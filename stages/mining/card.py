@@ -1,10 +1,10 @@
 """The dataset card of a ``pairs`` dataset: what it is, how it was mined, counts, score
 distributions, the source corpus and its licence, and how to load it.
 
-The card is ``_README.md`` beside the shards. The leading underscore keeps folder readers
-(``pyarrow.dataset.dataset(folder)`` and DuckDB, which skip ``_``/``.`` files) off it, like the
-manifest; rename it ``README.md`` when publishing the folder as a Hugging Face dataset, or use
-``pairforge export``, whose output folder is laid out for the Hub.
+The card is ``README.md`` at the top of the dataset folder, the shards in ``data/`` beside it:
+the folder is laid out as a Hugging Face Hub dataset, whose card's YAML front matter points
+``datasets.load_dataset(folder)`` at ``data/*.parquet``, and ``data/`` holds only Parquet, so every
+folder reader (polars, pyarrow, DuckDB) reads it as a table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,21 @@ from typing import Any
 
 import numpy as np
 
-CARD = "_README.md"
+CARD = "README.md"
+
+
+def front_matter(license: str | None) -> str:
+    """The card's YAML header: the train split's files (``data/``) and the licence Hub id."""
+    return f"""---
+configs:
+- config_name: default
+  data_files:
+  - split: train
+    path: data/*.parquet
+license: {license or "unknown"}
+---
+
+"""
 
 
 def distribution(values: np.ndarray, digits: int = 4) -> dict[str, float | int | None]:
@@ -67,7 +81,9 @@ def render_card(
     ]
     count_rows = [[key, value] for key, value in counts.items()]
     col_rows = [[f"`{c}`", t] for c, t in columns]
-    return f"""# {name}: DebCSE-mined sentence pairs
+    return (
+        front_matter(source.get("corpus_license"))
+        + f"""# {name}: DebCSE-mined sentence pairs
 
 Training pairs for unsupervised sentence-embedding objectives, mined by
 pairforge from an unlabeled corpus. One row per anchor sentence:
@@ -128,20 +144,21 @@ Every score the sampler used is a column, so the sampling can be audited or redo
 ## Loading
 
 ```python
-import polars as pl
-df = pl.read_parquet("{source.get("path")}/*.parquet")
+import datasets
+d = datasets.load_dataset("{source.get("path")}", split="train")
 
-import pyarrow.dataset as ds
-table = ds.dataset("{source.get("path")}").to_table()
+import polars as pl
+df = pl.read_parquet("{source.get("path")}/data")
+
+import pyarrow.parquet as pq
+table = pq.read_table("{source.get("path")}/data")
 
 import duckdb
-duckdb.sql("select text, negative_texts from read_parquet('{source.get("path")}/*.parquet')")
-
-import datasets
-d = datasets.load_dataset("parquet", data_files="{source.get("path")}/*.parquet", split="train")
+duckdb.sql("select text, negative_texts from '{source.get("path")}/data/*.parquet'")
 ```
 
 `pairforge export --format triplet` writes the sentence-transformers (anchor, positive, negative)
-layout. `_manifest.json` beside the shards records the schema, params, fingerprint, code version
-and per-shard hashes.
+layout. `_manifest.json` records the schema, params, fingerprint, code version and each shard's
+size, sha256 and xxh3_128; `pairforge verify {source.get("path")}` checks the shards against it.
 """
+    )

@@ -108,7 +108,7 @@ license: {card.get("license", "other")}
 # {card.get("name", "pairs")} ({fmt})
 
 Sentence-transformers `{fmt}` layout ({columns}) exported by `pairforge export` from
-`{card.get("source")}`; see that dataset's card (`_README.md`) for how it was mined.
+`{card.get("source")}`; see that dataset's card (`README.md`) for how it was mined.
 
 {rows}
 """

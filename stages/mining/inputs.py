@@ -176,10 +176,7 @@ def iter_vectors(dataset: Dataset, index: int) -> Iterator[tuple[pa.Array, np.nd
     checked like ``vectors_of`` (and the shard against its schema and manifest row count)."""
     dim, _ = embeddings_layout(dataset.path)
     shard = dataset.manifest["shards"][index]
-    file = dataset.path / shard["file"]
-    if not file.exists():
-        raise DataIntegrityError(f"dataset {str(dataset.path)!r}: shard {shard['file']} is missing")
-    pf = pq.ParquetFile(file)
+    pf = pq.ParquetFile(dataset.shard_path(index))  # size and checksum checked first
     name = f"{dataset.path}/{shard['file']}"
     S.check_arrow_schema(pf.schema_arrow, dataset.spec, name)
     if pf.metadata.num_rows != shard["rows"]:

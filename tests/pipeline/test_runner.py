@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.runner import LocalExecutor, ShardResult, map_shards, map_tables
-from pairforge.pipeline.shards import DatasetWriter, open_dataset
+from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 
 
 def upper(table: pa.Table, calls: list[int] | None = None) -> ShardResult:
@@ -39,12 +39,14 @@ def make_input(tmp_path, shards: int = 3) -> DatasetWriter:
 
 def test_map_shards_writes_every_shard_and_resumes(tmp_path):
     make_input(tmp_path)
-    inputs = open_dataset(tmp_path / "in", S.SENTENCES).files
+    inputs = open_dataset(tmp_path / "in", S.SENTENCES)
     out = DatasetWriter(tmp_path / "out", S.SENTENCES, stage="t", params={}, fingerprint="g")
     calls: list[int] = []
     infos = map_shards(
         functools.partial(upper, calls=calls),
-        inputs[:2],
+        Dataset(
+            inputs.path, {**inputs.manifest, "shards": inputs.manifest["shards"][:2]}, inputs.spec
+        ),
         {"out": out},
         LocalExecutor(),
         "t",
@@ -93,7 +95,7 @@ def test_threaded_local_executor_gives_the_sequential_output(tmp_path):
             tmp_path / f"out{threads}", S.SENTENCES, stage="t", params={}, fingerprint="f"
         )
         executor = LocalExecutor(threads=threads)
-        map_shards(upper, open_dataset(source.path, S.SENTENCES).files, {"out": out}, executor, "t")
+        map_shards(upper, open_dataset(source.path, S.SENTENCES), {"out": out}, executor, "t")
         executor.close()
         out.finalize(7)
         outputs[threads] = open_dataset(out.path, S.SENTENCES).read_table()

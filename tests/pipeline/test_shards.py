@@ -10,8 +10,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError
-from pairforge.pipeline.shards import DatasetWriter, open_dataset, shard_schema_name
+from pairforge.pipeline.errors import (
+    CorruptShardError,
+    DataIntegrityError,
+    IncompleteDatasetError,
+)
+from pairforge.pipeline.shards import (
+    DatasetWriter,
+    file_checksums,
+    open_dataset,
+    run_info_path,
+    shard_schema_name,
+)
 
 
 def sentences(n: int, offset: int = 0) -> pa.Table:
@@ -45,20 +55,41 @@ def test_round_trip_and_manifest(tmp_path):
     assert on_disk == manifest
     assert manifest["schema"] == {**manifest["schema"], "name": "sentences", "version": 1}
     assert [s["rows"] for s in manifest["shards"]] == [3, 2]
-    assert all(len(s["sha256"]) == 64 for s in manifest["shards"])
+    assert all(len(s["sha256"]) == 64 and len(s["xxh3_128"]) == 32 for s in manifest["shards"])
+    assert [s["file"] for s in manifest["shards"]] == [
+        "data/part-00000.parquet",
+        "data/part-00001.parquet",
+    ]
     assert manifest["stage"] == "test" and manifest["params"] == {"k": 1}
-    assert "+src." in manifest["code_version"] and manifest["created_at"].endswith("Z")
+    assert "+src." in manifest["code_version"] and ".git." not in manifest["code_version"]
+    # Run-specific facts live beside the folder, never in the hashed manifest.
+    assert "created_at" not in manifest
+    run = json.loads(run_info_path(tmp_path / "ds").read_text())
+    assert run["created_at"].endswith("Z") and run["finished_at"].endswith("Z") and run["host"]
     assert not (tmp_path / "ds" / "_progress").exists()
     assert shard_schema_name(ds.files[0]) == "sentences"
 
 
 def test_other_tools_read_the_shards(tmp_path):
+    """``data/`` holds only Parquet: every folder reader reads it; the dataset folder itself
+    (manifest, card) loads with ``datasets.load_dataset`` as a Hub dataset does."""
+    import datasets
+    from pairforge.stages.mining.card import CARD, front_matter
+
     write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
-    glob = str(tmp_path / "ds" / "*.parquet")
-    assert pl.read_parquet(glob).height == 5
-    assert pq.ParquetDataset(str(tmp_path / "ds")).read().num_rows == 5
-    assert duckdb.sql(f"select count(distinct id) from read_parquet('{glob}')").fetchall() == [(5,)]
-    assert pq.read_table(tmp_path / "ds").num_rows == 5  # the folder itself, manifest ignored
+    folder, data = tmp_path / "ds", tmp_path / "ds" / "data"
+    assert sorted(p.name for p in data.iterdir()) == ["part-00000.parquet", "part-00001.parquet"]
+    assert pl.read_parquet(data).height == 5
+    assert pq.read_table(data).num_rows == 5
+    assert pq.ParquetDataset(str(data)).read().num_rows == 5
+    assert duckdb.sql(f"select count(distinct id) from '{data}/*.parquet'").fetchall() == [(5,)]
+    for card in (False, True):  # without a card, and with the pairs card's front matter
+        if card:
+            (folder / CARD).write_text(front_matter("cc-by-sa-4.0") + "# ds\n")
+        loaded = datasets.load_dataset(
+            str(folder), split="train", cache_dir=str(tmp_path / f"hf{card}")
+        )
+        assert loaded.num_rows == 5 and sorted(loaded["id"]) == sorted(pl.read_parquet(data)["id"])
 
 
 def test_schema_mismatch_on_write_names_dataset_and_columns(tmp_path):
@@ -80,13 +111,21 @@ def test_schema_mismatch_on_read(tmp_path):
         S.SchemaError, match=r"dataset '.*ds': expected schema quarantine v1 .* found sentences v1"
     ):
         open_dataset(tmp_path / "ds", S.QUARANTINE)
-    # A shard replaced by one of another layout is caught when it is read.
-    pq.write_table(pa.table({"x": [1, 2, 3]}), tmp_path / "ds" / "part-00000.parquet")
+    # A shard replaced by one of another layout: its bytes no longer match the manifest.
+    shard = tmp_path / "ds" / "data" / "part-00000.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), shard)
+    ds = open_dataset(tmp_path / "ds", S.SENTENCES)
+    with pytest.raises(CorruptShardError, match="shard data/part-00000.parquet is corrupt"):
+        ds.verify()
+    # ... and if the manifest was rewritten to match it, the schema check still catches it.
+    sha256, fast, size = file_checksums(shard)
+    path = tmp_path / "ds" / "_manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][0].update(sha256=sha256, xxh3_128=fast, bytes=size)
+    path.write_text(json.dumps(manifest))
     ds = open_dataset(tmp_path / "ds", S.SENTENCES)
     with pytest.raises(S.SchemaError, match="part-00000.parquet.*missing"):
         ds.read_shard(0)
-    with pytest.raises(DataIntegrityError, match="does not match its manifest"):
-        ds.verify()
 
 
 def test_version_mismatch(tmp_path):
@@ -114,15 +153,15 @@ def test_resume_keeps_finished_shards_and_clears_on_new_fingerprint(tmp_path):
     path = tmp_path / "ds"
     first = DatasetWriter(path, S.SENTENCES, stage="t", params={}, fingerprint="f")
     info = first.write(0, sentences(3))
-    (path / ".part-00001.parquet.tmp-999").write_bytes(b"half a file")  # a killed writer's leftover
+    (path / "data/.part-00001.parquet.tmp-999").write_bytes(b"half a file")  # a killed writer's
     again = DatasetWriter(path, S.SENTENCES, stage="t", params={}, fingerprint="f")
     assert again.is_done(0) and not again.is_done(1)
     assert again.done_info(0) == info
     assert again.created_at == first.created_at
-    assert not list(path.glob(".*.tmp-*"))
+    assert not list(path.rglob(".*.tmp-*"))
     other = DatasetWriter(path, S.SENTENCES, stage="t", params={}, fingerprint="g")
     assert not other.is_done(0)
-    assert not (path / "part-00000.parquet").exists()
+    assert not (path / "data/part-00000.parquet").exists()
 
 
 def test_complete_dataset_with_same_fingerprint_is_kept(tmp_path):

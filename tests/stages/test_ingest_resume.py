@@ -71,12 +71,11 @@ def make_project(path: Path) -> None:
 
 
 def snapshot(path: Path) -> dict:
-    """Manifests (without their creation time) and shard file hashes of both datasets."""
+    """Manifests (whole: they hold no run-specific fact) and file listings of both datasets."""
     out = {}
     for name in ("data/sentences", "data/quarantine/ingest"):
         manifest = json.loads((path / name / "_manifest.json").read_text())
-        manifest.pop("created_at")
-        files = sorted(p.name for p in (path / name).iterdir())
+        files = sorted(str(p.relative_to(path / name)) for p in (path / name).rglob("*"))
         out[name] = (manifest, files)
     out["metrics"] = json.loads((path / "metrics/ingest.json").read_text())
     return out

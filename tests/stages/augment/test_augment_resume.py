@@ -55,7 +55,9 @@ def snapshot(path: Path) -> dict:
     out = path / "data/candidates"
     manifest = json.loads((out / "_manifest.json").read_text())
     shards = {s["file"]: (s["rows"], s["sha256"]) for s in manifest["shards"]}
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.glob("part-*.parquet")}
+    files = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.glob("data/part-*.parquet")
+    }
     return {
         "shards": shards,
         "files": files,

@@ -64,8 +64,8 @@ def snapshot(root: Path, stage: str) -> dict:
     out = {}
     for name in OUTPUTS[stage]:
         manifest = json.loads((root / name / "_manifest.json").read_text())
-        manifest.pop("created_at")
-        out[name] = (manifest, sorted(p.name for p in (root / name).iterdir()))
+        files = sorted(str(p.relative_to(root / name)) for p in (root / name).rglob("*"))
+        out[name] = (manifest, files)
     return out
 
 

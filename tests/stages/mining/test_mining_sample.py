@@ -339,13 +339,13 @@ def test_four_readers_and_the_card(sampled):
 
     import polars as pl
 
-    df = pl.read_parquet(f"{folder}/*.parquet")
+    df = pl.read_parquet(folder / "data")  # data/ holds only the shards
     assert df.height == 240 and df.schema[S.NEGATIVE_TEXTS] == pl.List(pl.String)
     assert dict(zip(df[S.ID].to_list(), df[S.NEGATIVE_TEXTS].to_list(), strict=True)) == want_neg
 
     import pyarrow.dataset as ds
 
-    table = ds.dataset(folder).to_table(columns=[S.ID, S.NEGATIVE_TEXTS])  # the card is skipped
+    table = ds.dataset(folder / "data").to_table(columns=[S.ID, S.NEGATIVE_TEXTS])
     assert (
         dict(zip(table[S.ID].to_pylist(), table[S.NEGATIVE_TEXTS].to_pylist(), strict=True))
         == want_neg
@@ -354,13 +354,15 @@ def test_four_readers_and_the_card(sampled):
     import duckdb
 
     rows = duckdb.sql(
-        f"select id, len(negative_texts), positive_text from read_parquet('{folder}/*.parquet')"
+        f"select id, len(negative_texts), positive_text from '{folder}/data/*.parquet'"
     ).fetchall()
     assert {r[0]: r[1] for r in rows} == {k: len(v) for k, v in want_neg.items()}
 
     import datasets
 
-    d = datasets.load_dataset("parquet", data_files=f"{folder}/*.parquet", split="train")
+    # The folder as a Hub dataset: the card's front matter points at data/*.parquet.
+    assert (folder / CARD).read_text().startswith("---\nconfigs:")
+    d = datasets.load_dataset(str(folder), split="train", cache_dir=str(root / "hf-cache"))
     assert d.num_rows == 240 and S.POSITIVE_TEXTS in d.column_names
     assert {
         r[S.ID]: r[S.NEGATIVE_TEXTS] for r in d.select_columns([S.ID, S.NEGATIVE_TEXTS])
