@@ -4,7 +4,8 @@
 (``pipeline.models.pool``); :func:`load_embedder` builds one from a model spec, reading how to
 pool from the model folder: a folder this project exported (``pairforge.json``), any
 sentence-transformers folder (its Pooling module), or a plain Hugging Face model
-(``cls_before_pooler`` unless told otherwise).
+(``cls_before_pooler`` unless told otherwise). A folder whose sentence-transformers modules end
+with ``Normalize`` gets unit-length vectors here too, so both give the same vectors.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ EXPORT_INFO = "pairforge.json"
 
 
 class Embedder:
-    """``texts -> (n, dim)`` float32 vectors (not normalised), in the order given.
+    """``texts -> (n, dim)`` float32 vectors, in the order given; unit length with ``normalize``
+    (a model folder with a sentence-transformers ``Normalize`` module), else as pooled.
 
     Texts are encoded longest first in batches of ``batch_size`` (less padding), in eval mode and
     without gradient; the encoder's train/eval mode is restored afterwards. With a ``prompt``
@@ -47,6 +49,7 @@ class Embedder:
         batch_size: int = 64,
         autocast_dtype: torch.dtype | None = None,
         progress: str | None = None,
+        normalize: bool = False,
     ) -> None:
         if pooling not in POOLINGS:
             raise ConfigError(f"pooling {pooling!r}: allowed {', '.join(POOLINGS)}")
@@ -59,6 +62,7 @@ class Embedder:
         self.batch_size = batch_size
         self.autocast_dtype = autocast_dtype
         self.progress = progress  # a label: report sentences, rate and ETA while encoding
+        self.normalize = normalize
 
     @property
     def device(self) -> torch.device:
@@ -112,6 +116,8 @@ class Embedder:
                         inputs.get("input_ids"),
                         self.tokenizer.mask_token_id,
                     )
+                    if self.normalize:
+                        vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
                     vectors = vectors.float().cpu().numpy()
                     if out is None:
                         out = np.empty((len(texts), vectors.shape[1]), dtype=np.float32)
@@ -124,12 +130,21 @@ class Embedder:
         return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
 
-def _st_pooling(folder: Path) -> tuple[str | None, int | None]:
-    """(pooling, max_seq_length) of a sentence-transformers folder, (None, None) if it is none."""
+def st_modules(folder: Path) -> dict[str, Any]:
+    """What a sentence-transformers folder says about its vectors: ``pooling`` (one of
+    ``POOLINGS``, None without a Pooling module or without ``modules.json``), ``max_length``
+    (``max_seq_length``) and ``normalize`` (a ``Normalize`` module after the pooling)."""
     modules_file = folder / "modules.json"
     if not modules_file.exists():
-        return None, None
+        return {"pooling": None, "max_length": None, "normalize": False}
     modules = json.loads(modules_file.read_text())
+    pooling, max_length = _st_pooling(folder, modules)
+    normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+    return {"pooling": pooling, "max_length": max_length, "normalize": normalize}
+
+
+def _st_pooling(folder: Path, modules: list[dict[str, Any]]) -> tuple[str | None, int | None]:
+    """(pooling, max_seq_length) of a sentence-transformers folder's ``modules``."""
     max_length = None
     bert_config = folder / "sentence_bert_config.json"
     if bert_config.exists():
@@ -166,10 +181,12 @@ def _st_pooling(folder: Path) -> tuple[str | None, int | None]:
 
 
 def describe_model(spec: str) -> dict[str, Any]:
-    """How the evaluator encodes with the model ``spec``: pooling, prompt, max length, source.
+    """How the evaluator encodes with the model ``spec``: pooling, prompt, max length, whether
+    vectors are normalised, source.
 
     A folder exported by this project carries ``pairforge.json``; a sentence-transformers folder
-    its Pooling module; anything else gets ``cls_before_pooler`` (SimCSE's evaluation setting).
+    its Pooling (and Normalize) module; anything else gets ``cls_before_pooler`` (SimCSE's
+    evaluation setting).
     """
     where = Path(resolve_model(spec))
     info_file = where / EXPORT_INFO
@@ -180,21 +197,22 @@ def describe_model(spec: str) -> dict[str, Any]:
             "pooling": info["pooling"],
             "prompt": None,
             "max_length": info.get("max_seq_length"),
+            "normalize": bool(info.get("normalize", False)),
             "from": "pairforge export",
             "info": info,
         }
-    pooling, max_length = _st_pooling(where) if where.is_dir() else (None, None)
-    if pooling is not None:
-        return {
-            "pooling": pooling,
-            "prompt": None,
-            "max_length": max_length,
-            "from": "sentence-transformers",
-        }
+    found = (
+        st_modules(where)
+        if where.is_dir()
+        else {"pooling": None, "max_length": None, "normalize": False}
+    )
+    if found["pooling"] is not None:
+        return {"prompt": None, **found, "from": "sentence-transformers"}
     return {
         "pooling": "cls_before_pooler",
         "prompt": None,
-        "max_length": max_length,
+        "max_length": found["max_length"],
+        "normalize": found["normalize"],
         "from": "default",
     }
 
@@ -231,5 +249,6 @@ def load_embedder(
         max_length=max_length or described["max_length"],
         max_sentence_tokens=max_sentence_tokens,
         batch_size=batch_size,
+        normalize=described["normalize"],
     )
     return embedder, described

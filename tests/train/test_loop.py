@@ -139,7 +139,8 @@ def test_missing_columns_unknown_objective_and_options_are_clear_errors(
         recipes={"simcse": {"options": {"tau": 1}}},
     )
     with pytest.raises(
-        ConfigError, match=r"unknown option\(s\) \['tau'\]; allowed options: \['temperature'\]"
+        ConfigError,
+        match=r"unknown option\(s\) \['tau'\]; allowed options: \['pooling', 'temperature'\]",
     ):
         T.run(bad, progress=False)
 

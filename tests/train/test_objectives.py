@@ -29,6 +29,7 @@ from pairforge.train.objectives.bsl import (
     mean_pool,
     negative_cosine,
 )
+from pairforge.train.objectives.combined import Combined
 from pairforge.train.objectives.cotbert import CoTBERT
 from pairforge.train.objectives.debcse import DebCSE, DebCSEHead, debcse_loss
 from pairforge.train.objectives.denosent import (
@@ -468,6 +469,7 @@ def test_registry_maps_names_to_classes_and_columns():
         "bsl": BSL,
         "infocse": InfoCSE,
         "cotbert": CoTBERT,
+        "combined": Combined,
     } == OBJECTIVES
     assert {
         "simcse": [columns.TEXT],
@@ -476,6 +478,7 @@ def test_registry_maps_names_to_classes_and_columns():
         "bsl": [columns.VIEW1_TEXT, columns.VIEW2_TEXT],
         "infocse": [columns.TEXT],
         "cotbert": [columns.TEXT],
+        "combined": [columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS],
     } == COLUMNS
     assert get_objective("bsl") is BSL
     assert required_columns("debcse") == COLUMNS["debcse"]
@@ -489,7 +492,8 @@ def test_check_columns_names_the_objective_and_the_missing_columns():
     assert "debcse" in message
     assert columns.POSITIVE_TEXTS in message and columns.NEGATIVE_TEXTS in message
     with pytest.raises(
-        ValueError, match="known objectives: bsl, cotbert, debcse, denosent, infocse, simcse"
+        ValueError,
+        match="known objectives: bsl, combined, cotbert, debcse, denosent, infocse, simcse",
     ):
         check_columns("diffcse", ["text"])
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Objective, trainable_parameters
 from pairforge.train.objectives.bsl import BSL
+from pairforge.train.objectives.combined import Combined
 from pairforge.train.objectives.cotbert import CoTBERT
 from pairforge.train.objectives.debcse import DebCSE
 from pairforge.train.objectives.denosent import DenoSent
@@ -18,7 +19,8 @@ from pairforge.train.objectives.infocse import InfoCSE
 from pairforge.train.objectives.simcse import SimCSE
 
 OBJECTIVES: dict[str, type[Objective]] = {
-    objective.name: objective for objective in (SimCSE, DebCSE, DenoSent, BSL, InfoCSE, CoTBERT)
+    objective.name: objective
+    for objective in (SimCSE, DebCSE, DenoSent, BSL, InfoCSE, CoTBERT, Combined)
 }
 
 # Columns each objective reads, by objective name.
@@ -54,6 +56,7 @@ __all__ = [
     "BSL",
     "COLUMNS",
     "CoTBERT",
+    "Combined",
     "OBJECTIVES",
     "DebCSE",
     "DenoSent",

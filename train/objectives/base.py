@@ -21,7 +21,12 @@ in by subclassing and registering, with no change to the trainer:
 - ``pooling``: how the *trained encoder* turns a sentence into its vector at evaluation, in the
   dev evaluation during training and in the exported sentence-transformers model: one of
   ``pipeline.models.POOLINGS`` (``cls``, ``cls_before_pooler``, ``mean``, ``mask``). Training-only
-  heads (projectors, MLPs, BatchNorm, predictors) are never part of it.
+  heads (projectors, MLPs, BatchNorm, predictors) are never part of it. Objectives whose paper
+  leaves the pooling open (SimCSE, DebCSE, InfoCSE, BSL) take it as the ``pooling`` option, one of
+  :data:`TRAINABLE_POOLINGS`, and default to the start model's own (``start_pooling``, read from
+  its sentence-transformers config) through :func:`choose_pooling`; prompt objectives (DenoSent,
+  CoT-BERT) keep ``mask``, which is part of their method. The trainer logs once when the pooling
+  trained differs from the start model's.
 - ``prompt``: for ``mask`` pooling, the template (``[X]`` = the sentence, ``[MASK]`` = the mask
   token) whose last [MASK] state is the sentence vector; ``None`` otherwise. An instance may set
   its own (e.g. from a constructor argument).
@@ -34,7 +39,8 @@ in by subclassing and registering, with no change to the trainer:
 - :meth:`Objective.build`: construction from a :class:`BuildContext`. The default fills each
   constructor argument from the ``options`` params first, then by name from the context:
   ``hidden_size``, ``encoder`` (the online encoder), ``tokenizer``, ``config`` (the encoder's
-  Hugging Face config), ``mask_token_id``, ``pad_token_id``, ``vocab_size`` and ``output_head`` /
+  Hugging Face config), ``mask_token_id``, ``pad_token_id``, ``vocab_size``, ``start_pooling``
+  (the start model's pooling, ``None`` when its folder does not say) and ``output_head`` /
   ``mlm_head`` (the pretrained MLM head; asking for it makes the trainer load the masked-LM
   variant of the model: :meth:`Objective.wants_mlm_head`). An option that names no constructor
   argument is a ConfigError that lists the allowed ones.
@@ -64,6 +70,8 @@ Encoder = Callable[..., Any]
 ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Constructor argument names through which an objective asks for the pretrained MLM head.
 MLM_HEAD_ARGUMENTS = frozenset({"output_head", "mlm_head"})
+# Poolings an objective can train without a prompt (``mask`` needs one: DenoSent, CoT-BERT).
+TRAINABLE_POOLINGS = ("cls", "cls_before_pooler", "mean")
 
 
 @dataclass
@@ -71,12 +79,15 @@ class BuildContext:
     """What the trainer offers an objective's constructor (see :meth:`Objective.build`).
 
     ``mlm_head`` is the masked-LM head of the pretrained model (``BertForMaskedLM.cls``), or
-    ``None`` when the objective did not ask for it.
+    ``None`` when the objective did not ask for it. ``start_pooling`` is the start model's own
+    pooling (``pipeline.models.POOLINGS``) when its folder declares one (a sentence-transformers
+    Pooling module or a pairforge export), else ``None``.
     """
 
     encoder: Any
     tokenizer: Any
     mlm_head: Any = None
+    start_pooling: str | None = None
 
     def arguments(self) -> dict[str, Any]:
         config = self.encoder.config
@@ -88,6 +99,7 @@ class BuildContext:
             "vocab_size": int(config.vocab_size),
             "mask_token_id": self.tokenizer.mask_token_id,
             "pad_token_id": self.tokenizer.pad_token_id,
+            "start_pooling": self.start_pooling,
         }
         if self.mlm_head is not None:
             provided.update(output_head=self.mlm_head, mlm_head=self.mlm_head)
@@ -171,6 +183,43 @@ def run_encoder(encoder: Encoder, features: Features, output_hidden_states: bool
         if key in ENCODER_INPUTS
     }
     return encoder(**inputs, output_hidden_states=output_hidden_states, return_dict=True)
+
+
+def choose_pooling(
+    objective: str, requested: str | None, start_pooling: str | None, paper_default: str
+) -> str:
+    """The pooling an objective trains with: the ``pooling`` option when given, else the start
+    model's own when it is one of :data:`TRAINABLE_POOLINGS`, else the paper's default.
+
+    Raises ValueError naming the objective and the allowed values for any other option value.
+    """
+    if requested is not None:
+        if requested not in TRAINABLE_POOLINGS:
+            raise ValueError(
+                f"objective {objective!r}: pooling {requested!r} is not one of "
+                f"{', '.join(TRAINABLE_POOLINGS)} (leave it out to keep the start model's)"
+            )
+        return requested
+    if start_pooling in TRAINABLE_POOLINGS:
+        return start_pooling
+    return paper_default
+
+
+def pool_features(
+    encoder: Encoder, features: Features, pooling: str, output_hidden_states: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """(sentence vectors, encoder output) of one column with ``pooling`` (not ``mask``).
+
+    The vectors are ``(batch_size, dim)``, or ``(batch_size * n, dim)`` for a list-valued column
+    (:func:`run_encoder` flattens it); they are what the evaluator computes for the same pooling
+    (``pipeline.models.pool``), so training and evaluation read the same vector.
+    """
+    from pairforge.pipeline.models import pool
+
+    outputs = run_encoder(encoder, features, output_hidden_states=output_hidden_states)
+    mask = features["attention_mask"]
+    mask = mask.reshape(-1, mask.shape[-1])  # (batch_size [* n], seq_len)
+    return pool(outputs, mask, pooling), outputs
 
 
 def cls_pool(last_hidden_state: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,9 @@ inference.
 Paper-vs-code choices: the predictor is the paper's single MLP ``d -> kd -> kd -> d`` (``k = 8``);
 the authors' code stacks three such MLPs (``num_mlps=3``). The target runs in whatever mode the
 objective is in, so in training it keeps dropout on, as in the authors' code.
+
+Pooling (the ``pooling`` option): the paper's mean pooling, or the start model's own when its
+folder declares one; online and target networks pool alike.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ import copy
 import torch
 import torch.nn.functional as F
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
+from pairforge.train.objectives.base import (
+    Batch,
+    Encoder,
+    Features,
+    Objective,
+    choose_pooling,
+    pool_features,
+)
 from torch import nn
 
 
@@ -110,7 +120,7 @@ class BSL(Objective):
 
     name = "bsl"
     columns = (columns.VIEW1_TEXT, columns.VIEW2_TEXT)
-    pooling = "mean"  # the online encoder, mean pooled, is the one kept for inference
+    pooling = "mean"  # the paper's; the online encoder, so pooled, is the one kept for inference
 
     def __init__(
         self,
@@ -119,15 +129,17 @@ class BSL(Objective):
         k: int = 8,
         num_mlps: int = 1,
         delta: float = 0.999,
+        pooling: str | None = None,
+        start_pooling: str | None = None,
     ) -> None:
         super().__init__()
+        self.pooling = choose_pooling(self.name, pooling, start_pooling, type(self).pooling)
         self.predictor = BSLPredictor(hidden_size, k=k, num_mlps=num_mlps)
         self.target = make_target(encoder)
         self.delta = delta
 
     def _embed(self, encoder: Encoder, features: Features) -> torch.Tensor:
-        hidden = run_encoder(encoder, features).last_hidden_state  # (batch_size, seq_len, d)
-        return mean_pool(hidden, features["attention_mask"])  # (batch_size, d)
+        return pool_features(encoder, features, self.pooling)[0]  # (batch_size, d)
 
     def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
         view1, view2 = batch[columns.VIEW1_TEXT], batch[columns.VIEW2_TEXT]

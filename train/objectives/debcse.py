@@ -28,17 +28,28 @@ equations are parameters here:
 Hard negatives are each anchor's own ``m`` mined negatives, shared by eqs. 8 and 9 as printed;
 other anchors' hard negatives are not added to the denominator. ``m = 0`` (no mined negatives)
 leaves the in-batch negatives only.
+
+The raw embedding ``h`` is the sentence vector of the ``pooling`` option (default: the start
+model's own, e.g. ``mean`` for a sentence-transformers MiniLM; else ``cls_before_pooler``, the
+[CLS] state of SimCSE's setting, which DebCSE follows): the paper names no pooler, and forcing
+[CLS] on an encoder trained with mean pooling costs STS points before any training.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
+from pairforge.train.objectives.base import (
+    Batch,
+    Encoder,
+    Objective,
+    choose_pooling,
+    pool_features,
+)
 from torch import nn
 
 NegativeSpace = Literal["normalised", "raw"]
@@ -138,8 +149,9 @@ class DebCSEHead(nn.Module):
 class DebCSE(Objective):
     """DebCSE with mined positives and hard negatives.
 
-    The embeddings ``h`` are the encoder's [CLS] vectors, with no MLP on top (the paper names
-    none; the BatchNorm head is the training-only part), so ``h`` is also the evaluation vector.
+    The embeddings ``h`` are the encoder's vectors under ``pooling``, with no MLP on top (the
+    paper names none; the BatchNorm head is the training-only part), so ``h`` is also the
+    evaluation vector.
 
     Reads ``columns.ANCHOR_TEXT`` ``(batch_size, seq_len)``, ``columns.POSITIVE_TEXTS`` with one of
     the anchor's mined positives per row ``(batch_size, seq_len)`` (the collator picks it), and
@@ -150,7 +162,7 @@ class DebCSE(Objective):
     # One of the anchor's sampled positives per row and step; all its hard negatives.
     sample_one = (columns.POSITIVE_TEXTS,)
     columns = (columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS)
-    pooling = "cls_before_pooler"
+    pooling = "cls_before_pooler"  # without a start model's own (see the module docstring)
 
     def __init__(
         self,
@@ -158,24 +170,43 @@ class DebCSE(Objective):
         temperature: float = 0.05,
         positive_in_denominator: bool = True,
         negative_space: NegativeSpace = "normalised",
+        pooling: str | None = None,
+        start_pooling: str | None = None,
     ) -> None:
         super().__init__()
+        self.pooling = choose_pooling(self.name, pooling, start_pooling, type(self).pooling)
         self.head = DebCSEHead(hidden_size)
         self.temperature = temperature
         self.positive_in_denominator = positive_in_denominator
         self.negative_space = negative_space
 
-    def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
-        h_anchor = cls_pool(run_encoder(encoder, batch[columns.ANCHOR_TEXT]).last_hidden_state)
-        h_positive = cls_pool(run_encoder(encoder, batch[columns.POSITIVE_TEXTS]).last_hidden_state)
+    def embed(
+        self, batch: Batch, encoder: Encoder, positive_hidden_states: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, Any]:
+        """(h_anchor, h_positive, h_negatives, the positives' encoder output) of a batch.
+
+        ``h_anchor``, ``h_positive``: ``(batch_size, d)``; ``h_negatives``: ``(batch_size, m, d)``
+        or ``None`` when ``m = 0``. With ``positive_hidden_states`` the positives' output holds
+        every layer's states (the combined objective's decoder reads the embedding layer's).
+        """
+        h_anchor, _ = pool_features(encoder, batch[columns.ANCHOR_TEXT], self.pooling)
+        h_positive, positive_out = pool_features(
+            encoder, batch[columns.POSITIVE_TEXTS], self.pooling, positive_hidden_states
+        )
         negatives = batch[columns.NEGATIVE_TEXTS]
         batch_size, num_hard = negatives["input_ids"].shape[:2]
-        z_negatives = h_negatives = None
+        h_negatives = None
         if num_hard > 0:
-            hidden = run_encoder(encoder, negatives).last_hidden_state  # (batch_size * m, len, d)
-            h_negatives = cls_pool(hidden).reshape(batch_size, num_hard, -1)  # (batch_size, m, d)
-            z_negatives = self.head(h_negatives)
-        loss = debcse_loss(
+            flat, _ = pool_features(encoder, negatives, self.pooling)  # (batch_size * m, d)
+            h_negatives = flat.reshape(batch_size, num_hard, -1)  # (batch_size, m, d)
+        return h_anchor, h_positive, h_negatives, positive_out
+
+    def contrastive(
+        self, h_anchor: torch.Tensor, h_positive: torch.Tensor, h_negatives: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The loss of eq. 7 over raw embeddings, normalised here by the BatchNorm head."""
+        z_negatives = None if h_negatives is None else self.head(h_negatives)
+        return debcse_loss(
             self.head(h_anchor),
             h_anchor,
             self.head(h_positive),
@@ -186,4 +217,8 @@ class DebCSE(Objective):
             positive_in_denominator=self.positive_in_denominator,
             negative_space=self.negative_space,
         )
+
+    def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
+        h_anchor, h_positive, h_negatives, _ = self.embed(batch, encoder)
+        loss = self.contrastive(h_anchor, h_positive, h_negatives)
         return {"loss": loss, "contrastive": loss.detach()}

@@ -12,6 +12,10 @@ authors' code come from METHODS.md section 3 and their public training script.
   concat(the encoder's final [CLS] of the first view, the lower states except [CLS], detached).
   The gradient of this loss reaches the encoder only through that [CLS] vector.
 - Total (eq. 7): ``contrastive + λ * mlm`` with λ = 1e-5 (Table 8).
+- Pooling (the ``pooling`` option, as SimCSE's): default the start model's own, else the
+  paper's ``cls_before_pooler``. With another pooling the pooled vector is what feeds the
+  auxiliary network in place of [CLS] (the sentence representation, as section 3.2 intends), and
+  the MLP is dropped as in SimCSE (``simcse.training_head``).
 
 The auxiliary network should be pre-trained first (``pairforge pretrain``; without it STS-B dev
 drops 85.49 -> 83.73, Table 4): pass its folder as ``aux_path``. Without one the network is the
@@ -35,8 +39,14 @@ from pairforge.train.infocse_aux import (  # noqa: F401 - mask_tokens re-exporte
     mask_tokens,
 )
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
-from pairforge.train.objectives.simcse import SimCSEPooler, simcse_loss
+from pairforge.train.objectives.base import (
+    Batch,
+    Encoder,
+    Objective,
+    choose_pooling,
+    pool_features,
+)
+from pairforge.train.objectives.simcse import simcse_loss, training_head
 from torch import nn
 
 log = logging.getLogger("pairforge")
@@ -77,13 +87,16 @@ class InfoCSE(Objective):
         temperature: float = 0.05,
         mlm_weight: float = 1e-5,
         mask_rate: float = 0.4,
+        pooling: str | None = None,
+        start_pooling: str | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 < mask_rate <= 1.0:
             raise ValueError(f"InfoCSE mask_rate must be in (0, 1], got {mask_rate}")
         if tokenizer.mask_token_id is None:
             raise ValueError("InfoCSE needs a tokenizer with a mask token")
-        self.pooler = SimCSEPooler(hidden_size)
+        self.pooling = choose_pooling(self.name, pooling, start_pooling, type(self).pooling)
+        self.pooler = training_head(hidden_size, self.pooling)
         self.special_token_ids = sorted(set(tokenizer.all_special_ids))
         self.mask_token_id = int(tokenizer.mask_token_id)
         self.vocab_size = len(tokenizer)
@@ -106,8 +119,8 @@ class InfoCSE(Objective):
         batch_size = features["input_ids"].shape[0]
         # SimCSE's two dropout views in one pass over the batch stacked twice.
         doubled = {key: torch.cat([value, value]) for key, value in features.items()}
-        hidden = run_encoder(encoder, doubled).last_hidden_state  # (2 * batch_size, seq_len, d)
-        cls = cls_pool(hidden)  # (2 * batch_size, d), final-layer [CLS] before the MLP
+        # (2 * batch_size, d): with cls_before_pooler the final-layer [CLS] before the MLP
+        cls, _ = pool_features(encoder, doubled, self.pooling)
         z1, z2 = self.pooler(cls).chunk(2)  # (batch_size, d) each
         contrastive = simcse_loss(z1, z2, self.temperature)  # eq. 3
         mlm = accuracy = contrastive.new_zeros(())

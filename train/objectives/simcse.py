@@ -3,6 +3,12 @@
 The positive of a sentence is the same sentence encoded a second time under an independent
 dropout mask; the other sentences of the batch are its negatives. Equation numbers refer to the
 SimCSE paper (not among ``shared/papers``; METHODS.md section 3 lists the conventions).
+
+Pooling (the ``pooling`` option; default the start model's own, else the paper's
+``cls_before_pooler``): as in SimCSE's code, the Linear+Tanh MLP sits over [CLS] in training only
+(``cls_before_pooler``, its unsupervised setting, Table 6 of the paper compares poolers); ``mean``
+(SimCSE's ``avg``) and ``cls`` (the encoder's own pretrained pooler, kept at evaluation) train the
+evaluation vector directly, with no extra MLP.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Objective, cls_pool, run_encoder
+from pairforge.train.objectives.base import Batch, Encoder, Objective, choose_pooling, pool_features
 from torch import nn
 
 
@@ -49,16 +55,28 @@ class SimCSEPooler(nn.Module):
         return self.activation(self.dense(cls))  # (batch_size, hidden_size)
 
 
+def training_head(hidden_size: int, pooling: str) -> nn.Module:
+    """SimCSE's training-only MLP for ``cls_before_pooler``; the identity for other poolings."""
+    return SimCSEPooler(hidden_size) if pooling == "cls_before_pooler" else nn.Identity()
+
+
 class SimCSE(Objective):
     """Unsupervised SimCSE: reads ``columns.TEXT``; the encoder must be in train mode (dropout)."""
 
     name = "simcse"
     columns = (columns.TEXT,)
-    pooling = "cls_before_pooler"  # the MLP is dropped at evaluation (SimCSE's unsup setting)
+    pooling = "cls_before_pooler"  # the paper's; an instance takes the start model's (see above)
 
-    def __init__(self, hidden_size: int, temperature: float = 0.05) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        temperature: float = 0.05,
+        pooling: str | None = None,
+        start_pooling: str | None = None,
+    ) -> None:
         super().__init__()
-        self.pooler = SimCSEPooler(hidden_size)
+        self.pooling = choose_pooling(self.name, pooling, start_pooling, type(self).pooling)
+        self.pooler = training_head(hidden_size, self.pooling)
         self.temperature = temperature
 
     def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
@@ -66,8 +84,8 @@ class SimCSE(Objective):
         # One pass over the batch stacked twice: dropout masks are drawn per element, so the two
         # copies are two independently perturbed views, as in SimCSE's own code.
         doubled = {key: torch.cat([value, value]) for key, value in features.items()}
-        hidden = run_encoder(encoder, doubled).last_hidden_state  # (2 * batch_size, seq_len, d)
-        z = self.pooler(cls_pool(hidden))  # (2 * batch_size, d)
+        pooled, _ = pool_features(encoder, doubled, self.pooling)  # (2 * batch_size, d)
+        z = self.pooler(pooled)  # (2 * batch_size, d)
         z1, z2 = z.chunk(2)  # (batch_size, d) each
         loss = simcse_loss(z1, z2, self.temperature)
         return {"loss": loss, "contrastive": loss.detach()}
