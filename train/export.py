@@ -13,9 +13,11 @@ Layout (``SentenceTransformer(path).encode`` loads it offline; so does ``AutoMod
   last [MASK]. Sentence-transformers runs code shipped in a model folder only when asked:
   ``SentenceTransformer(path, trust_remote_code=True)``;
 - ``pairforge.json``: the objective, pooling, prompt, training step, dev score and provenance,
-  which the evaluator reads.
+  which the evaluator reads;
+- ``README.md``: the model card (``train/card.py``).
 
-The folder is written under a temporary name and renamed into place.
+The folder is written under a temporary name, given the user's umask modes (safetensors writes
+0600), and renamed into place.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from typing import Any
 
 import torch
 from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.shards import apply_umask
+from pairforge.train.card import write_model_card
 from pairforge.train.encode import EXPORT_INFO
 from pairforge.train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template
 
@@ -187,7 +191,8 @@ def export_model(
             "trust_remote_code": pooling == "mask",
         },
     )
-    (tmp / "README.md").write_text(_model_card(pooling, prompt, info or {}))
+    write_model_card(tmp, path=str(folder))
+    apply_umask(tmp)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
@@ -217,29 +222,3 @@ def _write_dense_pooler(folder: Path, encoder: Any) -> None:
         },
         str(folder / "model.safetensors"),
     )
-
-
-def _model_card(pooling: str, prompt: str | None, info: dict[str, Any]) -> str:
-    load = (
-        "SentenceTransformer(path, trust_remote_code=True)  # runs pairforge_pooling.py (mask pooling)"
-        if pooling == "mask"
-        else "SentenceTransformer(path)"
-    )
-    lines = [
-        "# pairforge sentence encoder",
-        "",
-        f"Objective: `{info.get('objective', '?')}`, trained from `{info.get('base_model', '?')}` "
-        f"for {info.get('step', '?')} steps; pooling `{pooling}`"
-        + (f" with the prompt `{prompt}`" if prompt else "")
-        + ".",
-        "",
-        "```python",
-        "from sentence_transformers import SentenceTransformer",
-        f"model = {load}",
-        'vectors = model.encode(["A sentence.", "Another one."])',
-        "```",
-        "",
-        "Training details are in `pairforge.json`.",
-        "",
-    ]
-    return "\n".join(lines)

@@ -36,6 +36,7 @@ from pairforge.pipeline.progress import _fmt_duration
 from pairforge.pipeline.shards import atomic_write_json
 from pairforge.train import distributed as dist
 from pairforge.train import sts
+from pairforge.train.card import write_model_card
 from pairforge.train.checkpoint import CheckpointStore, rng_state, seed_everything, set_rng_state
 from pairforge.train.data import Collator, PairsSource, RowStream
 from pairforge.train.encode import EXPORT_INFO, Embedder
@@ -451,6 +452,7 @@ class Trainer:
             "base_model": s.model,
             "step": self.step,
             "dev": dev,
+            "data": {"path": str(self.data), "rows": self.source.rows},
             "fingerprint": self.fingerprint,
             "settings": asdict(s),
             "load_report": self.load_report,
@@ -598,6 +600,11 @@ class Trainer:
                     f"{self.label}: the best export (step {self.best['step']}) is missing from "
                     f"{self.out}; delete the folder and train again"
                 )
+            # The export's card was written for its checkpoint; the finished run knows the steps
+            # run and the whole dev curve.
+            write_model_card(
+                model, {"steps": self.total, "best": self.best, "dev_history": self.dev_history}
+            )
             trained = self.step - first_step
             summary = {
                 "objective": self.settings.objective,
