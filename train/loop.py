@@ -156,6 +156,22 @@ def _base_max_seq_length(spec: str) -> int | None:
 
 
 def _autocast_dtype(precision: str, device: str) -> torch.dtype | None:
+def start_model_vectors(spec: str) -> dict[str, Any]:
+    """How the start model ``spec`` makes its sentence vectors, when its folder says so.
+
+    ``pooling``: from its sentence-transformers Pooling module or its ``pairforge.json``, else
+    ``None`` (a plain Hugging Face model declares none); ``normalize``: a ``Normalize`` module;
+    ``from``: which of the two said it.
+    """
+    described = describe_model(spec)
+    declared = described["from"] in ("sentence-transformers", "pairforge export")
+    return {
+        "pooling": described["pooling"] if declared else None,
+        "normalize": bool(described.get("normalize", False)),
+        "from": described["from"] if declared else None,
+    }
+
+
     if precision == "fp32" or (precision == "auto" and not device.startswith("cuda")):
         return None
     if precision == "auto":
@@ -284,7 +300,9 @@ class Trainer:
             raise ConfigError("train: eval_every > 0 needs sts_dir (the STS data folder)")
         return {
             task: sts.subsample(
-                sts.load_task(sts.data_folder(s.sts_dir), task), s.eval_max_pairs, seed=0
+                sts.load_task(sts.task_folder(task, s.sts_dir, s.demo_dir), task),
+                s.eval_max_pairs,
+                seed=0,
             )
             for task in s.eval_tasks
         }
@@ -450,6 +468,7 @@ class Trainer:
             "objective": s.objective,
             "options": s.options,
             "base_model": s.model,
+            normalize=self.start["normalize"],
             "step": self.step,
             "dev": dev,
             "data": {"path": str(self.data), "rows": self.source.rows},

@@ -12,6 +12,10 @@ Tasks and files (under a data folder laid out as ``shared/data/sts``, see ``DOWN
 - ``sickr`` / ``sickr_dev``: SICK-Relatedness test / trial (SentEval's dev split),
   ``sickr/SICK_{test_annotated,trial}.txt``: a header line, then ``pair_ID, sentence_A,
   sentence_B, relatedness_score, ...`` tab-separated (CRLF tolerated).
+- ``demo_dev`` / ``demo_test``: the demo evaluation set shipped with the project
+  (``data/demo/eval/{dev,test}.tsv``, see its README), in STS-B's layout (score in column 5,
+  sentences in columns 6-7; column 1 the topic, column 2 the kind of pair). Its folder is not the
+  STS folder: the demo runs without the STS data, which cannot be shipped.
 
 The score of a task is 100 x the Spearman correlation between the cosine similarity of the two
 sentences' vectors and the gold scores. Alignment and uniformity (Wang and Isola, 2020) follow
@@ -42,9 +46,12 @@ BENCHMARK_FILES: dict[str, str] = {
     "sickr": "sickr/SICK_test_annotated.txt",
     "sickr_dev": "sickr/SICK_trial.txt",
 }
+# The demo evaluation set: read from its own folder, never from the STS folder.
+DEMO_FILES: dict[str, str] = {"demo_dev": "dev.tsv", "demo_test": "test.tsv"}
+DEMO_TASKS = tuple(DEMO_FILES)
 TEST_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 DEV_TASKS = ("stsb_dev", "sickr_dev")
-TASKS = (*TEST_TASKS, *DEV_TASKS)
+TASKS = (*TEST_TASKS, *DEV_TASKS, *DEMO_TASKS)
 LABELS = {
     "sts12": "STS12",
     "sts13": "STS13",
@@ -55,6 +62,8 @@ LABELS = {
     "sickr": "SICK-R",
     "stsb_dev": "STS-B dev",
     "sickr_dev": "SICK-R dev",
+    "demo_dev": "Demo dev",
+    "demo_test": "Demo test",
 }
 DOWNLOAD = (
     "get the SentEval STS data (STS12-16, STS-B, SICK) with SentEval's script: "
@@ -107,8 +116,50 @@ def data_folder(spec: str | Path) -> Path:
     return path
 
 
-def _read_lines(path: Path) -> list[str]:
+def find_data_folder(spec: str | Path) -> Path | None:
+    """The STS data folder named by ``spec`` (as ``data_folder``), or None when it is absent:
+    the folder does not exist or ``spec`` names an unset environment variable."""
+    try:
+        return data_folder(spec)
+    except ConfigError:
+        return None
+
+
+def task_folder(task: str, sts_dir: str | Path | None, demo_dir: str | Path | None) -> Path:
+    """The folder holding ``task``'s files: ``demo_dir`` for the demo set, else the STS folder
+    ``sts_dir`` (checked by ``data_folder``); a ConfigError naming the missing setting."""
+    if task in DEMO_TASKS:
+        if not demo_dir:
+            raise ConfigError(f"task {task!r} needs the demo evaluation set's folder (demo_dir)")
+        return Path(demo_dir)
+    if not sts_dir:
+        raise ConfigError(f"task {task!r} needs the STS data folder; {DOWNLOAD}")
+    return data_folder(sts_dir)
+
+
+def task_files(root: str | Path, task: str) -> list[Path]:
+    """The files ``load_task(root, task)`` reads, in a fixed order."""
+    root = Path(root)
+    if task in STS_SUBSETS:
+        return [
+            root / task / f"STS.{kind}.{name}.txt"
+            for name in STS_SUBSETS[task]
+            for kind in ("input", "gs")
+        ]
+    if task in DEMO_FILES:
+        return [root / DEMO_FILES[task]]
+    if task in BENCHMARK_FILES:
+        return [root / BENCHMARK_FILES[task]]
+    raise PairforgeError(f"unknown STS task {task!r}; known: {', '.join(TASKS)}")
+
+
+def _read_lines(path: Path, demo: bool = False) -> list[str]:
     if not path.is_file():
+        if demo:
+            raise PairforgeError(
+                f"demo evaluation file {str(path)!r} not found; the set ships with the project "
+                "in data/demo/eval (point train.demo_dir / evaluate.demo_data at that folder)"
+            )
         raise PairforgeError(f"STS file {str(path)!r} not found; {DOWNLOAD}")
     # splitlines, as SentEval reads these files (it also ends lines at \r).
     return path.read_text(encoding="utf-8").splitlines()
@@ -122,7 +173,8 @@ def _score(value: str, where: str) -> float:
 
 
 def load_task(root: str | Path, task: str) -> STSData:
-    """The scored pairs of ``task`` (one of ``TASKS``) from the data folder ``root``.
+    """The scored pairs of ``task`` (one of ``TASKS``) from the data folder ``root`` (the demo
+    set's folder for ``DEMO_TASKS``, see ``task_folder``).
 
     A missing file or a gold file whose length differs from its input file is a PairforgeError
     naming the file (and how to get the data).
@@ -155,10 +207,8 @@ def load_task(root: str | Path, task: str) -> STSData:
                 gold.append(_score(score.strip(), f"{gold_path}:{number}"))
                 subset.append(k)
         return STSData(task, s1, s2, np.array(gold), np.array(subset, dtype=int), STS_SUBSETS[task])
-    if task not in BENCHMARK_FILES:
-        raise PairforgeError(f"unknown STS task {task!r}; known: {', '.join(TASKS)}")
-    path = root / BENCHMARK_FILES[task]
-    lines = _read_lines(path)
+    (path,) = task_files(root, task)
+    lines = _read_lines(path, demo=task in DEMO_TASKS)
     if task.startswith("sickr"):
         lines, (i1, i2, ig) = lines[1:], (1, 2, 3)
         first = 2
@@ -272,25 +322,35 @@ def evaluate(
     seed: int = 0,
     align_uniform: bool = True,
     data: dict[str, STSData] | None = None,
+    align_task: str = "stsb",
 ) -> dict:
     """Score ``embed`` (texts -> ``(n, d)`` vectors) on ``tasks``.
 
     Every distinct sentence is embedded once. ``max_pairs`` evaluates a seeded sample of each task
-    (a quick check, not comparable with published figures). ``data`` passes tasks already loaded.
-    Returns ``{"tasks": {task: score_task(...)}, "avg": mean Spearman over the tasks}`` plus
-    ``alignment`` and ``uniformity`` (STS-B test) when ``align_uniform`` and ``stsb`` is loaded
-    or loadable.
+    (a quick check, not comparable with published figures). ``data`` passes tasks already loaded
+    (whole: the sample is drawn here). Returns ``{"tasks": {task: score_task(...) with
+    "pairs_total", the task's pairs before sampling}, "avg": mean Spearman over the tasks}`` plus,
+    when ``align_uniform``, ``alignment`` and ``uniformity`` over ``align_task`` (STS-B test by
+    default, loaded or loadable from ``root``) with ``align_task``, ``align_pairs`` (scored) and
+    ``align_pairs_total`` (before sampling).
     """
-    loaded = {
-        task: subsample((data or {}).get(task) or load_task(root, task), max_pairs, seed)
-        for task in tasks
-    }
+    data = data or {}
+
+    def whole(task: str) -> STSData:
+        found = data.get(task)
+        return found if found is not None else load_task(root, task)
+
+    full = {task: whole(task) for task in tasks}
+    loaded = {task: subsample(d, max_pairs, seed) for task, d in full.items()}
     stsb = None
     if align_uniform:
-        stsb = loaded.get("stsb") or subsample(load_task(root, "stsb"), max_pairs, seed)
-    sentences = sorted(
-        {s for d in [*loaded.values(), *([stsb] if stsb else [])] for s in (*d.s1, *d.s2)}
-    )
+        if align_task not in full:
+            full[align_task] = whole(align_task)
+        stsb = loaded.get(align_task)
+        if stsb is None:
+            stsb = subsample(full[align_task], max_pairs, seed)
+    scored = [*loaded.values(), *([stsb] if stsb is not None else [])]
+    sentences = sorted({s for d in scored for s in (*d.s1, *d.s2)})
     vectors = np.asarray(embed(sentences), dtype=np.float64) if sentences else np.zeros((0, 1))
     where = {s: i for i, s in enumerate(sentences)}
 
@@ -300,6 +360,7 @@ def evaluate(
     results: dict = {"tasks": {}}
     for task, d in loaded.items():
         results["tasks"][task] = score_task(d, cosine_rows(lookup(d.s1), lookup(d.s2)))
+        results["tasks"][task]["pairs_total"] = len(full[task])
     if results["tasks"]:
         results["avg"] = float(np.mean([r["spearman"] for r in results["tasks"].values()]))
     if stsb is not None:
@@ -310,6 +371,9 @@ def evaluate(
         )
         unique = sorted(set(stsb.s1) | set(stsb.s2))
         results["uniformity"] = uniformity(lookup(unique))
+        results["align_task"] = align_task
+        results["align_pairs"] = len(stsb)
+        results["align_pairs_total"] = len(full[align_task])
         results["alignment_pairs"] = int(positive.sum())
         results["uniformity_sentences"] = len(unique)
     results["sentences_embedded"] = len(sentences)
