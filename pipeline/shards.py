@@ -430,11 +430,20 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 # mtime). Dask workers keep their own.
 _verified: set[tuple] = set()
 _verified_guard = threading.Lock()
+# A file modified this recently may change again within the filesystem's timestamp granularity
+# without its mtime moving (git's "racy clean" problem): it is hashed on every read instead.
+RACY_SECONDS = 2.0
 
 
 def _identity(file: Path, expected: str) -> tuple:
     st = file.stat()
     return (str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, expected)
+
+
+def _remember(identity: tuple) -> None:
+    if time.time() - identity[4] / 1e9 > RACY_SECONDS:
+        with _verified_guard:
+            _verified.add(identity)
 
 
 def _expected_checksum(shard: dict[str, Any]) -> tuple[str, str]:
@@ -494,8 +503,7 @@ def verified_shard_path(
         while chunk := fh.read(1 << 22):
             digest.update(chunk)
     _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
-    with _verified_guard:
-        _verified.add(identity)
+    _remember(identity)
     return file
 
 
@@ -539,8 +547,7 @@ def read_verified_shard(
             f"{label}: shard {shard['file']} has {table.num_rows} rows, {shard['rows']} in the "
             f"manifest; {_remedy(stage)}"
         )
-    with _verified_guard:
-        _verified.add(identity)
+    _remember(identity)
     return table
 
 

@@ -11,6 +11,7 @@ problem rather than the first.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,11 @@ class VerifyReport:
         )
 
 
+def _type(text: str) -> str:
+    """A type's text without item-field names and nullability, which Parquet does not keep."""
+    return re.sub(r"<\w+: ", "<", text).replace(" not null", "")
+
+
 def _check_shard(folder: Path, shard: dict[str, Any], fields: list[dict], stage: str) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -70,8 +76,8 @@ def _check_shard(folder: Path, shard: dict[str, Any], fields: list[dict], stage:
         pf = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
     except (pa.ArrowException, OSError) as exc:
         return [f"shard {name}: not a Parquet file ({str(exc).splitlines()[0][:120]}); {fix}"]
-    found = [{"name": f.name, "type": str(f.type)} for f in pf.schema_arrow]
-    if fields and found != [{"name": f["name"], "type": f["type"]} for f in fields]:
+    found = [{"name": f.name, "type": _type(str(f.type))} for f in pf.schema_arrow]
+    if fields and found != [{"name": f["name"], "type": _type(f["type"])} for f in fields]:
         want = ", ".join(f"{f['name']}: {f['type']}" for f in fields)
         got = ", ".join(f"{f['name']}: {f['type']}" for f in found)
         problems.append(f"shard {name}: columns ({got}) differ from the manifest's ({want})")
