@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from pairforge.stages import train as T
 from pairforge.train.card import read_front_matter, write_model_card
 from pairforge.train.encode import Embedder
 from pairforge.train.export import export_model
@@ -153,3 +154,21 @@ def test_exported_files_and_shards_get_the_umask_modes(mask, encoder, tiny_token
         assert mode == want, (name, oct(mode))
     shards = {n: m for n, m in _modes(tmp_path / "shards").items() if n.endswith(".parquet")}
     assert shards and set(shards.values()) == {0o666 & ~mask}
+
+
+def test_the_trainer_rewrites_the_card_of_the_kept_checkpoint(
+    tmp_path, tiny_sentences, tiny_model_dir, sts_dir
+):
+    from tests.train.builders import pairs_rows, write_pairs
+    from tests.train.test_loop import config
+
+    pairs = write_pairs(tmp_path / "pairs", pairs_rows(tiny_sentences), rows_per_shard=3)
+    cfg = config(tmp_path, tiny_model_dir, sts_dir, "simcse", pairs, eval_every=10)
+    result = T.run(cfg, progress=False)["simcse"]
+    card = (tmp_path / "models" / "simcse" / "model" / "README.md").read_text()
+    assert read_front_matter(tmp_path / "models" / "simcse" / "model" / "README.md")["tags"]
+    # The best checkpoint was exported at its own step; the card tells the steps of the run.
+    assert "Trained for 30 optimiser steps" in card
+    assert f"the checkpoint at step {result['best_step']}, the best mean dev" in card
+    assert sum(f"| **{result['best_step']}** (kept) |" in line for line in card.splitlines()) == 1
+    assert f"The pairs dataset `{pairs}`: 8 anchors" in card
