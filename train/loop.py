@@ -84,6 +84,7 @@ class TrainSettings:
     eval_max_pairs: int | None = None
     eval_batch_size: int = 128
     sts_dir: str | None = None
+    demo_dir: str | None = None  # the demo evaluation set's folder (demo_dev)
     log_every: int = 10
     threads: int = -1
 
@@ -156,22 +157,6 @@ def _base_max_seq_length(spec: str) -> int | None:
 
 
 def _autocast_dtype(precision: str, device: str) -> torch.dtype | None:
-def start_model_vectors(spec: str) -> dict[str, Any]:
-    """How the start model ``spec`` makes its sentence vectors, when its folder says so.
-
-    ``pooling``: from its sentence-transformers Pooling module or its ``pairforge.json``, else
-    ``None`` (a plain Hugging Face model declares none); ``normalize``: a ``Normalize`` module;
-    ``from``: which of the two said it.
-    """
-    described = describe_model(spec)
-    declared = described["from"] in ("sentence-transformers", "pairforge export")
-    return {
-        "pooling": described["pooling"] if declared else None,
-        "normalize": bool(described.get("normalize", False)),
-        "from": described["from"] if declared else None,
-    }
-
-
     if precision == "fp32" or (precision == "auto" and not device.startswith("cuda")):
         return None
     if precision == "auto":
@@ -296,7 +281,7 @@ class Trainer:
 
     def _load_dev(self) -> dict[str, sts.STSData]:
         s = self.settings
-        if not s.sts_dir:
+        if not s.sts_dir and any(task not in sts.DEMO_TASKS for task in s.eval_tasks):
             raise ConfigError("train: eval_every > 0 needs sts_dir (the STS data folder)")
         return {
             task: sts.subsample(
@@ -468,7 +453,6 @@ class Trainer:
             "objective": s.objective,
             "options": s.options,
             "base_model": s.model,
-            normalize=self.start["normalize"],
             "step": self.step,
             "dev": dev,
             "data": {"path": str(self.data), "rows": self.source.rows},
