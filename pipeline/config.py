@@ -2,18 +2,41 @@
 
 Command-line options override the section key of the same name. Any invalid value gives a
 ``ConfigError`` whose message is one line naming the key, the value and what is allowed.
+
+Fields typed :data:`ModelSpec` name a model (``pipeline/models.py``). A stage checks its own
+before it loads anything: a local folder that does not exist, or a ``package:`` that is not
+installed, is one line naming the key (and, when a DVC stage writes that folder, the stage to
+run first). ``pairforge profile check`` checks every section the same way, except that a folder
+under another stage's DVC output is fine there: the pipeline writes it before it is read.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import spec_problem
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 PARAMS_FILE = "params.yaml"
+DVC_FILE = "dvc.yaml"
+
+
+class _ModelSpecMarker:
+    """Field metadata: the field holds a model spec (hub id, local folder or package:)."""
+
+    def __repr__(self) -> str:
+        return "MODEL_SPEC"
+
+
+MODEL_SPEC = _ModelSpecMarker()
+ModelSpec = Annotated[str, MODEL_SPEC]
+OptionalModelSpec = Annotated[str | None, MODEL_SPEC]
 
 
 class StageConfig(BaseModel):
@@ -50,7 +73,14 @@ def _describe_error(section: str, model: type[BaseModel], exc: ValidationError) 
     if kind in ("literal_error", "enum"):
         expected = err.get("ctx", {}).get("expected", "")
         return f"{loc}: {value!r} is not allowed; allowed values: {expected}"
-    return f"{loc}: {value!r} is invalid: {err['msg']}"
+    if kind == "value_error" and isinstance(value, dict):
+        # A check across keys (a model validator): its message names them; the input is the
+        # whole section, which would bury the message.
+        return f"{loc}: {err['msg'].removeprefix('Value error, ')}"
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return f"{loc}: {shown} is invalid: {err['msg'].removeprefix('Value error, ')}"
 
 
 def validate_section(section: str, model: type[StageConfig], values: dict[str, Any]) -> StageConfig:
@@ -74,4 +104,101 @@ def stage_config(
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: must be a mapping of keys to values")
     merged = {**values, **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    return validate_section(section, model, merged)
+    cfg = validate_section(section, model, merged)
+    check_model_specs(section, cfg, params, Path(params_path).parent / DVC_FILE, planned=False)
+    return cfg
+
+
+def model_specs(value: Any, key: str) -> Iterator[tuple[str, str]]:
+    """``(key, spec)`` for every :data:`ModelSpec` field set in a validated config, nested
+    models, lists and mappings included (``backtranslate.routes.0.forward``)."""
+    if isinstance(value, BaseModel):
+        for name, field in type(value).model_fields.items():
+            item = getattr(value, name)
+            if any(m is MODEL_SPEC for m in field.metadata):
+                if isinstance(item, str):
+                    yield f"{key}.{name}", item
+            else:
+                yield from model_specs(item, f"{key}.{name}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from model_specs(item, f"{key}.{i}")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from model_specs(item, f"{key}.{name}")
+
+
+_VAR = re.compile(r"\$\{\s*([\w.-]+)\s*\}")
+
+
+def stage_outputs(params: dict[str, Any], dvc_file: str | Path = DVC_FILE) -> dict[str, str]:
+    """Output path -> the DVC stage that writes it, read from ``dvc_file`` with its ``${a.b}``
+    interpolated from ``params``; empty when there is no such file. An output whose variables
+    ``params`` does not hold is left out."""
+    path = Path(dvc_file)
+    if not path.is_file():
+        return {}
+    try:
+        stages = (yaml.safe_load(path.read_text()) or {}).get("stages") or {}
+    except (yaml.YAMLError, AttributeError):
+        return {}
+
+    def lookup(match: re.Match) -> str:
+        value: Any = params
+        for part in match.group(1).split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise KeyError(match.group(1))
+            value = value[part]
+        return str(value)
+
+    outputs: dict[str, str] = {}
+    for stage, body in stages.items():
+        for out in (body or {}).get("outs") or []:
+            raw = next(iter(out)) if isinstance(out, dict) else out
+            try:
+                resolved = _VAR.sub(lookup, str(raw))
+            except KeyError:
+                continue
+            outputs[os.path.normpath(resolved)] = stage
+    return outputs
+
+
+def writer_of(spec: str, outputs: dict[str, str]) -> str | None:
+    """The stage whose output is ``spec`` or holds it, or None."""
+    path = os.path.normpath(spec)
+    for out, stage in outputs.items():
+        if path == out or path.startswith(out + os.sep):
+            return stage
+    return None
+
+
+def check_model_specs(
+    section: str,
+    cfg: BaseModel,
+    params: dict[str, Any],
+    dvc_file: str | Path = DVC_FILE,
+    planned: bool = False,
+) -> None:
+    """Raise a one-line ConfigError naming the key of the first model spec in ``cfg`` that
+    cannot load (:func:`pipeline.models.spec_problem`). A missing folder that another DVC stage
+    of ``dvc_file`` writes is fine when ``planned`` (the pipeline makes it first: ``profile
+    check``); otherwise the message names that stage to run."""
+    outputs: dict[str, str] | None = None
+    for key, spec in model_specs(cfg, section):
+        problem = spec_problem(spec)
+        if problem is None:
+            continue
+        if outputs is None:
+            outputs = stage_outputs(params, dvc_file)
+        writer = writer_of(spec, outputs)
+        if writer is not None and writer != section:
+            if planned:
+                continue
+            raise ConfigError(
+                f"{key}: {spec!r} does not exist yet; the {writer!r} stage writes it: "
+                f"run `pairforge {writer}` (or `dvc repro {section}`) first"
+            )
+        raise ConfigError(
+            f"{key}: {spec!r}: {problem}; "
+            "set it to a model folder, a hub id (name or org/name) or package:<module>"
+        )

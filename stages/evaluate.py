@@ -29,7 +29,7 @@ from typing import Annotated, Any
 
 import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json
 from pydantic import Field
@@ -49,7 +49,7 @@ class EvaluateConfig(StageConfig):
     models: list[str] = Field(
         ["models/*/model"], description="model folders or specs; globs match exported folders"
     )
-    baseline: str | None = Field(
+    baseline: OptionalModelSpec = Field(
         "bert-base-uncased", description="the encoder training started from"
     )
     baseline_poolings: list[str] = Field(

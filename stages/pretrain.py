@@ -25,7 +25,7 @@ from typing import Annotated
 import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
 from pairforge.pipeline.shards import (
@@ -49,7 +49,7 @@ class PretrainConfig(StageConfig):
     """The ``pretrain`` section of params.yaml."""
 
     input: str = Field("data/sentences", description="sentences dataset (SENTENCES schema)")
-    model: str = Field(
+    model: ModelSpec = Field(
         "bert-base-uncased", description="encoder spec: hub id, local folder or package:<name>"
     )
     output: str = "models/infocse-aux"

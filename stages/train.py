@@ -35,10 +35,10 @@ from typing import Annotated, Any, Literal
 
 import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.shards import atomic_write_json, canonical_json
 from pairforge.pipeline.version import ROOT
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STAGE = "train"
 # Keys a recipe may override; everything else is shared by all objectives.
@@ -85,7 +85,7 @@ class TrainConfig(StageConfig):
 
     input: str = Field("data/pairs", description="the pairs dataset (written by `sample`)")
     output: str = Field("models", description="models/<objective> per objective")
-    model: str = Field(
+    model: ModelSpec = Field(
         "bert-base-uncased", description="base encoder: hub id, folder or package:<pkg>"
     )
     objective: str = Field("simcse", description="the objective to train (a registered name)")
@@ -122,6 +122,23 @@ class TrainConfig(StageConfig):
     metrics: str = "metrics/train.json"
     plots: str = "plots/train"
     reports: str = "reports"
+
+    @model_validator(mode="after")
+    def _objectives(self) -> TrainConfig:
+        # Checked here, before any model loads, against the torch-free option declarations.
+        from pairforge.pipeline.errors import ConfigError
+        from pairforge.train.objective_options import OPTIONS, check_options
+
+        known = ", ".join(OPTIONS)
+        if self.objective not in OPTIONS:
+            raise ConfigError(
+                f"train.objective: unknown {self.objective!r}; known objectives: {known}"
+            )
+        for name, recipe in self.recipes.items():
+            if name not in OPTIONS:
+                raise ConfigError(f"train.recipes.{name}: no such objective; known: {known}")
+            check_options(name, recipe.options, f"train.recipes.{name}.options")
+        return self
 
 
 def settings_for(
