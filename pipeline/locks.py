@@ -71,6 +71,15 @@ def _describe(holder: dict) -> str:
     )
 
 
+def _command() -> str:
+    """This process's command line as the user typed it (``python -m pairforge.pipeline.cli``
+    and the console script both read ``pairforge``)."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program in ("cli.py", "__main__.py", "pairforge"):
+        program = "pairforge"
+    return " ".join([program, *sys.argv[1:]])[:500]
+
+
 def acquire(output: str | Path, label: str | None = None) -> Path:
     """Take the writer lock of ``output``, or raise :class:`DatasetLockedError` naming the holder.
 
@@ -117,7 +126,7 @@ def acquire(output: str | Path, label: str | None = None) -> Path:
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:500],
+            "command": _command(),
         }
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
