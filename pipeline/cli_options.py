@@ -7,11 +7,13 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.runner import Executor, make_executor
+
+if TYPE_CHECKING:
+    from pairforge.pipeline.runner import Executor
 
 ParamsOpt = Annotated[
     str, typer.Option("--params", help="params.yaml to read the stage's section from.")
@@ -42,6 +44,8 @@ ProgressOpt = Annotated[
 
 @contextlib.contextmanager
 def executor(workers: int, scheduler: str | None) -> Iterator[Executor]:
+    from pairforge.pipeline.runner import make_executor  # pyarrow: not for --help or a config error
+
     ex = make_executor(workers, scheduler)
     try:
         yield ex
@@ -74,5 +78,10 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PairforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None
+        finally:
+            # Writers a failed command left open (the process may go on, as under CliRunner).
+            from pairforge.pipeline.locks import release_all
+
+            release_all()
 
     return wrapper

@@ -20,7 +20,6 @@ from pairforge.pipeline.config import (
     validate_section,
 )
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.shards import atomic_write_bytes
 
 PRESETS = Path(__file__).resolve().parent / "presets"
 
@@ -78,6 +77,8 @@ def use(
     params: Annotated[str, typer.Option(help="params file to write")] = PARAMS_FILE,
 ) -> None:
     """Write the profile's params to params.yaml (after validating them)."""
+    from pairforge.pipeline.shards import atomic_write_bytes
+
     path = preset_path(name)
     validate_params(yaml.safe_load(path.read_text()))
     header = f"# Written by `pairforge profile use {name}`; edit freely, or switch profile again.\n"

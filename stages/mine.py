@@ -24,9 +24,8 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +36,6 @@ from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import Dataset, DatasetWriter, atomic_write_json, open_dataset
-from pairforge.stages.mining.index import measure_recall
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
     fingerprint,
@@ -47,14 +45,11 @@ from pairforge.stages.mining.inputs import (
     own_augmentations,
 )
 from pairforge.stages.mining.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
-from pairforge.stages.mining.searcher import (
-    IndexSettings,
-    Searcher,
-    band_sizes,
-    flat_view,
-    open_index,
-)
 from pydantic import Field, model_validator
+
+if TYPE_CHECKING:
+    # FAISS loads with the searcher (0.1-0.5 s): only when the stage runs, not with its config.
+    from pairforge.stages.mining.searcher import Searcher
 
 log = logging.getLogger("pairforge")
 
@@ -237,6 +232,8 @@ def _open_augmentations(path: str | None) -> Dataset | None:
 
 def _threads(n: int) -> None:
     if n > 0:
+        import faiss
+
         faiss.omp_set_num_threads(n)
 
 
@@ -275,6 +272,8 @@ def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
     the exact band size (brute force, every other sentence with a cosine in the band) against
     the in-band neighbours that the grown search returns. An approximate index's misses count
     against the coverage too."""
+    from pairforge.stages.mining.searcher import band_sizes
+
     n = len(searcher.vectors)
     rng = np.random.default_rng(cfg.seed)
     rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
@@ -321,6 +320,9 @@ def _coverage_metrics(
 
 def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     """Mine every anchor's pool; returns the metrics written to ``cfg.metrics``."""
+    from pairforge.stages.mining.index import measure_recall
+    from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
+
     t0 = time.monotonic()
     _threads(cfg.threads)
     sentences = open_dataset(cfg.sentences, S.SENTENCES)

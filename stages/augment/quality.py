@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-from rapidfuzz.distance import Indel
-from rapidfuzz.process import cpdist
 
 
 def normalize_ws(text: str) -> str:
@@ -36,6 +34,9 @@ def quality_signals(
     src_len = np.fromiter((len(s) for s in sources), np.float64, len(sources))
     cand_len = np.fromiter((len(c) for c in candidates), np.float64, len(candidates))
     length_ratio = (cand_len / np.maximum(src_len, 1.0)).astype(np.float32)
+    from rapidfuzz.distance import Indel
+    from rapidfuzz.process import cpdist
+
     edit_ratio = cpdist(sources, candidates, scorer=Indel.normalized_distance, workers=1)
     return identical, length_ratio, np.asarray(edit_ratio, dtype=np.float32)
 

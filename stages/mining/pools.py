@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
-from rapidfuzz import fuzz, process
 
 __all__ = [
     "EXCLUSION_REASONS",
@@ -349,6 +348,8 @@ def _score_rules(
     workers: int,
 ) -> _Rules:
     """Apply rules 1-6 to every neighbour; a neighbour is flagged by the first rule it fails."""
+    from rapidfuzz import fuzz, process
+
     b, k = ids.shape
     valid = ids >= 0  # (b, k)
     # One integer code per distinct normalised text among the rows involved (exact, no hashing).
@@ -449,6 +450,8 @@ def _random_fill(
     seed: int,
 ) -> list[tuple[int, float]]:
     """Up to ``need`` random corpus rows passing rules 2-6 and ``cos <= high``: ``(id, cos)`` pairs."""
+    from rapidfuzz import fuzz
+
     rng = np.random.default_rng([seed, anchor])  # per anchor: independent of batch composition
     n = len(texts)
     picked: list[tuple[int, float]] = []
