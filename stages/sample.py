@@ -433,8 +433,9 @@ def export_command(
         m,
         {
             "name": params.get("corpus_name", "pairs"),
-            "license": params.get("corpus_license", "other"),
+            "license": params.get("corpus_license"),
             "source": input,
+            "params": params,
         },
     )
     typer.echo(

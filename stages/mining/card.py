@@ -9,11 +9,61 @@ folder reader (polars, pyarrow, DuckDB) reads it as a table.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 CARD = "README.md"
+
+
+# Licence identifiers the Hub accepts in a card's ``license`` field (a subset: the common ones).
+HUB_LICENSES = frozenset(
+    [
+        "apache-2.0",
+        "mit",
+        "cc0-1.0",
+        "cc-by-2.0",
+        "cc-by-2.5",
+        "cc-by-3.0",
+        "cc-by-4.0",
+        "cc-by-sa-3.0",
+        "cc-by-sa-4.0",
+        "cc-by-nc-2.0",
+        "cc-by-nc-3.0",
+        "cc-by-nc-4.0",
+        "cc-by-nc-sa-3.0",
+        "cc-by-nc-sa-4.0",
+        "cc-by-nd-4.0",
+        "cc-by-nc-nd-4.0",
+        "gpl-2.0",
+        "gpl-3.0",
+        "lgpl-3.0",
+        "agpl-3.0",
+        "bsd-2-clause",
+        "bsd-3-clause",
+        "mpl-2.0",
+        "odc-by",
+        "odbl",
+        "pddl",
+        "gfdl",
+        "unlicense",
+        "wtfpl",
+        "other",
+        "unknown",
+    ]
+)
+
+
+def hub_license(text: str | None) -> str:
+    """A licence as written in params (``CC0-1.0``, ``CC BY-SA 3.0 (Wikipedia text)``) -> the
+    Hub identifier (``cc0-1.0``, ``cc-by-sa-3.0``); ``unknown`` when empty, ``other`` when it is
+    none of :data:`HUB_LICENSES` (the card's text then names the licence as written)."""
+    if not text or not text.strip():
+        return "unknown"
+    name = re.sub(r"[\s_-]+", "-", text.split("(")[0].strip().lower())
+    name = name.replace("creative-commons-", "cc-").replace("apache-license-", "apache-")
+    return name if name in HUB_LICENSES else "other"
 
 
 def front_matter(license: str | None) -> str:
@@ -24,7 +74,7 @@ configs:
   data_files:
   - split: train
     path: data/*.parquet
-license: {license or "unknown"}
+license: {hub_license(license)}
 ---
 
 """

@@ -14,6 +14,7 @@ and are counted. The output folder is laid out for the Hugging Face Hub: ``READM
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,9 +22,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import yaml
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.shards import atomic_write_bytes
+from pairforge.pipeline.shards import apply_umask, atomic_write_bytes
+from pairforge.stages.mining.card import hub_license
 
+CARD = "README.md"
 ExportFormat = Literal["triplet", "n-tuple", "pair"]
 FORMATS: tuple[str, ...] = ("triplet", "n-tuple", "pair")
 
@@ -94,26 +98,156 @@ def write_export(
         tmp.replace(data / f"train-{i:05d}-of-{n:05d}.parquet")
         for key, value in counts.items():
             totals[key] = totals.get(key, 0) + value
-    columns = ", ".join(f"`{c}`" for c in _columns(fmt, m))
-    rows = "\n".join(f"- {k}: {v:,}" for k, v in totals.items())
-    text = f"""---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/train-*.parquet
-license: {card.get("license", "other")}
+    apply_umask(data)
+    text = export_card(fmt, m, totals, {"path": str(out), **card})
+    atomic_write_bytes(out / CARD, text.encode())
+    return totals
+
+
+COLUMN_DOCS = {
+    "anchor": "a corpus sentence",
+    "positive": "a paraphrase of the anchor (a back-translation or LLM rewrite, sampled by "
+    "DebCSE's P_pos)",
+    "negative": "another corpus sentence close to the anchor in meaning but not a paraphrase "
+    "(a hard negative from the cosine band, sampled by DebCSE's P_neg)",
+}
+# The in-batch negatives loss every layout trains with (a triplet's negative is one more
+# candidate beside the other rows' positives).
+LOSS = "MultipleNegativesRankingLoss"
+
+
+def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) -> str:
+    """The export folder's ``README.md``: Hub front matter (the ``train`` split's files, the
+    licence as a Hub id), what a row is, how the rows were made, the counts, how to train on it.
+
+    ``card``: ``name`` and ``license`` (as written in params) of the corpus, ``source`` (the
+    pairs dataset's path), ``params`` (the sample stage's, from the pairs manifest), ``path``
+    (the export folder, for the loading snippet).
+    """
+    columns = _columns(fmt, m)
+    params = card.get("params") or {}
+    license_text = card.get("license")
+    license_id = hub_license(license_text)
+    name = card.get("name") or "pairs"
+    meta = {
+        "configs": [
+            {
+                "config_name": "default",
+                "data_files": [{"split": "train", "path": "data/train-*.parquet"}],
+            }
+        ],
+        "license": license_id,
+        "language": ["en"],
+        "task_categories": ["sentence-similarity"],
+        "tags": ["sentence-transformers", "pairforge", "hard-negatives", fmt],
+    }
+    col_rows = "\n".join(f"| `{c}` | string | {COLUMN_DOCS[c.split('_')[0]]} |" for c in columns)
+    per_row = {
+        "triplet": "one row per (sampled positive, sampled negative) of an anchor: an anchor "
+        "with p positives and n negatives gives p x n rows, each negative repeated for each "
+        'positive (as sentence-transformers\' `mine_hard_negatives(output_format="triplet")`)',
+        "n-tuple": f"one row per sampled positive of an anchor, with the anchor's first {m} "
+        f"negatives; anchors with fewer than {m} negatives have no row",
+        "pair": "one row per sampled positive of an anchor; the other rows of a batch are its "
+        "negatives",
+    }[fmt]
+    holds = {
+        "triplet": "a paraphrase of it and a hard negative",
+        "n-tuple": f"a paraphrase of it and {m} hard negatives",
+        "pair": "a paraphrase of it",
+    }[fmt]
+    no_row = "a positive" if fmt == "pair" else "a positive or enough negatives"
+    repeats = "positive" if fmt == "pair" else "positive and negative"
+    skipped = {k: v for k, v in totals.items() if k not in ("rows", "anchors")}
+    counts = "\n".join(
+        [
+            f"| rows | {totals.get('rows', 0):,} |",
+            f"| anchors read | {totals.get('anchors', 0):,} |",
+            *(
+                f"| anchors without a row: {k.replace('_', ' ')} | {v:,} |"
+                for k, v in skipped.items()
+            ),
+        ]
+    )
+    recipe = ", ".join(
+        f"{k} = {params[k]}"
+        for k in ("m", "m_positive", "ipw", "lambda_n", "lambda_p", "temperature", "seed")
+        if params.get(k) is not None
+    )
+    path = json.dumps(str(card.get("path") or "path/to/this/folder"))
+    return f"""---
+{yaml.safe_dump(meta, sort_keys=False).strip()}
 ---
 
-# {card.get("name", "pairs")} ({fmt})
+# {name}: sentence-transformers {fmt}s
 
-Sentence-transformers `{fmt}` layout ({columns}) exported by `pairforge export` from
-`{card.get("source")}`; see that dataset's card (`README.md`) for how it was mined.
+Training data for sentence embeddings in the sentence-transformers `{fmt}` layout: each row
+holds an anchor sentence, {holds}. Exported by `pairforge export --format {fmt}` from the
+pairforge pairs dataset `{card.get("source")}` (not shipped here), mined from {name}.
 
-{rows}
+## Columns
+
+| column | type | what |
+|---|---|---|
+{col_rows}
+
+Rows: {per_row}. Anchors without {no_row} have no row.
+
+## How the rows were made
+
+- **Positives**: augmentations of the anchor (back-translation round trips and, when enabled,
+  LLM rewrites), drawn by DebCSE's inverse propensity weighting, which favours candidates that
+  keep the meaning with fewer shared words (DebCSE, CIKM 2023, eqs. 5-6).
+- **Negatives**: corpus sentences among the anchor's FAISS nearest neighbours whose cosine
+  lies in the mining band (close in topic, not paraphrases), drawn by DebCSE's eqs. 3-4.
+- Sampling settings: {recipe or "recorded in the pairs dataset's manifest"}.
+
+## Counts
+
+| | |
+|---|---|
+{counts}
+
+## Training with it
+
+An anchor appears in several rows (one per {repeats}). With an in-batch negatives loss such as
+`{LOSS}`, two rows of the same anchor in one batch would make each other's positive a false
+negative: train with the no-duplicates batch sampler, `BatchSamplers.NO_DUPLICATES`.
+
+```python
+from datasets import load_dataset
+from sentence_transformers import (
+    SentenceTransformer,
+    SentenceTransformerTrainer,
+    SentenceTransformerTrainingArguments,
+)
+from sentence_transformers.losses import {LOSS}
+from sentence_transformers.training_args import BatchSamplers
+
+train = load_dataset({path}, split="train")
+model = SentenceTransformer("sentence-transformers/all-MiniLM-L6-v2")  # the model to train
+args = SentenceTransformerTrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=64,
+    batch_sampler=BatchSamplers.NO_DUPLICATES,
+)
+trainer = SentenceTransformerTrainer(
+    model=model, args=args, train_dataset=train, loss={LOSS}(model)
+)
+trainer.train()
+```
+
+## Files
+
+- `README.md`: this card.
+- `data/train-*.parquet`: the `train` split, zstd-compressed Parquet (`datasets`, polars,
+  pyarrow and DuckDB read the folder directly).
+
+## Licence
+
+`{license_id}`: the licence of the corpus text ({license_text or "not stated"}). Rows quote
+corpus sentences and machine-generated paraphrases of them, so they carry the corpus's terms.
 """
-    atomic_write_bytes(out / "README.md", text.encode())
-    return totals
 
 
 def _columns(fmt: str, m: int) -> list[str]:
