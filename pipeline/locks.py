@@ -171,9 +171,13 @@ def held() -> list[str]:
 
 
 @contextlib.contextmanager
-def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path]:
+def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path | None]:
     """Hold the writer lock of ``output`` for the ``with`` block (for outputs that are not
-    written through a ``DatasetWriter``, such as models)."""
+    written through a ``DatasetWriter``, such as models). Under ``torchrun`` only rank 0 takes
+    it: the ranks of one run are one writer."""
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        yield None
+        return
     path = acquire(output, label)
     try:
         yield path

@@ -27,6 +27,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
 from pairforge.pipeline.shards import (
     atomic_write_bytes,
@@ -330,4 +331,5 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in PretrainConfig.model_fields}
     cfg = stage_config(STAGE, PretrainConfig, params, overrides)
-    run(cfg, progress=progress)
+    with writer_lock(cfg.output, f"pretrain output {cfg.output!r}"):
+        run(cfg, progress=progress)

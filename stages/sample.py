@@ -43,6 +43,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
+from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import (
     DatasetWriter,
@@ -401,7 +402,9 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in SampleConfig.model_fields}
     cfg = stage_config(STAGE, SampleConfig, params, overrides)
-    run(cfg, progress=progress)
+    # Held past the manifest: the card is written after it.
+    with writer_lock(cfg.output, f"dataset {cfg.output!r}"):
+        run(cfg, progress=progress)
 
 
 @cli_errors

@@ -25,6 +25,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
 from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.shards import atomic_write_json, open_dataset
 from pairforge.stages.augment.standin import NOTE, build_standins
 from pydantic import Field
@@ -161,4 +162,5 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in StandinConfig.model_fields}
     cfg = stage_config(STAGE, StandinConfig, params, overrides)
-    run(cfg)
+    with writer_lock(cfg.output, f"standin output {cfg.output!r}"):
+        run(cfg)

@@ -36,6 +36,7 @@ from typing import Annotated, Any, Literal
 import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.shards import atomic_write_json, canonical_json
 from pairforge.pipeline.version import ROOT
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -344,4 +345,6 @@ def command(
         k: v for k, v in locals().items() if k in TrainConfig.model_fields and v is not None
     }
     cfg = stage_config(STAGE, TrainConfig, params, overrides)
-    run(cfg, progress=progress, forced=frozenset(overrides))
+    out = Path(cfg.output) / cfg.objective  # one writer per model folder (rank 0 of torchrun)
+    with writer_lock(out, f"train output {str(out)!r}"):
+        run(cfg, progress=progress, forced=frozenset(overrides))

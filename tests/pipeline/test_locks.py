@@ -170,3 +170,26 @@ def test_two_runs_give_byte_identical_folders(tmp_path):
     assert set(first["data/sentences"]) >= {"_manifest.json", "data/part-00000.parquet"}
     run2 = json.loads(run_info_path(tmp_path / "data/sentences").read_text())
     assert run2["created_at"] != run1["created_at"] and run2["pid"] != run1["pid"]
+
+
+@pytest.mark.parametrize("stage", ["standin", "pretrain", "train"])
+def test_model_outputs_have_one_writer(tmp_path, stage):
+    """Stages that write a model folder (not a dataset) take the same lock, before any work."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    section = params[stage]
+    output = tmp_path / section["output"]
+    if stage == "train":
+        output = output / section["objective"]
+    holder = _hold_lock_in_child(output)
+    try:
+        result = run_cli([stage], cwd=tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"another writer holds it (pid {holder.pid} " in errors[0]
+    assert not output.exists()
