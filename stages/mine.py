@@ -496,7 +496,10 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
 
 @cli_errors
 def command(
-    k: Annotated[int | None, typer.Option(help="Neighbours retrieved per anchor.")] = None,
+    k: Annotated[int | None, typer.Option(help="Neighbours retrieved per anchor first.")] = None,
+    pool_cap: Annotated[
+        int | None, typer.Option(help="k doubles while the band lasts, up to this many.")
+    ] = None,
     band_low: Annotated[
         float | None, typer.Option(help="Lowest cosine of a negative candidate.")
     ] = None,

@@ -51,7 +51,14 @@ from pairforge.pipeline.shards import (
     atomic_write_json,
     open_dataset,
 )
-from pairforge.stages.mining.card import CARD, distribution, render_card
+from pairforge.stages.mining.card import (
+    CARD,
+    distribution,
+    effective_number,
+    render_card,
+    sharpness,
+    sharpness_section,
+)
 from pairforge.stages.mining.edits import PairScorer, edit_scorer
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
@@ -72,6 +79,7 @@ from pydantic import Field
 log = logging.getLogger("pairforge")
 
 STAGE = "sample"
+SHARPNESS_KEYS = ("entropy", "entropy2", "effective", "effective_share")
 
 
 class SampleConfig(StageConfig):
@@ -94,7 +102,16 @@ class SampleConfig(StageConfig):
     m_positive: int | None = Field(None, ge=1, description="positives per anchor; null: m")
     lambda_n: float = Field(0.8, ge=0.0, le=1.0, description="eq. 3 weight of semantics")
     lambda_p: float = Field(0.8, ge=0.0, le=1.0, description="eq. 5 weight of semantics")
-    temperature: float = Field(1.0, gt=0.0, description="softmax temperature (1 = the paper)")
+    ipw: Literal["paper", "calibrated"] = Field(
+        "calibrated",
+        description="paper: eqs. 1-6 as printed (near-uniform P); calibrated: one softmax over "
+        "z-scored edit and cosine at `temperature` (stages/mining/ipw.py)",
+    )
+    temperature: float = Field(
+        0.5,
+        gt=0.0,
+        description="paper: every softmax's temperature (1 = the paper); calibrated: tau",
+    )
     edit_kind: Literal["word", "char"] = "word"
     edit_normalized: bool = True
     edit_metric: Literal["levenshtein", "indel"] = "levenshtein"
@@ -148,8 +165,14 @@ def _post_stats(path: str) -> dict[str, dict[str, Any]]:
     """Score distributions of the sampled items and entropy ratios, read back from the shards."""
     cols = [f"{side}_{s}" for side in ("negative", "positive") for s in ("cos", "edit", "prob")]
     cols += ["negative_entropy", "positive_entropy"]
-    table = open_dataset(path, S.PAIRS).read_table(cols)
+    sizes = ["negative_pool_size", "positive_pool_size"]
+    table = open_dataset(path, S.PAIRS).read_table(cols + sizes)
     dists = {}
+    for side in ("negative", "positive"):
+        ratio, eff, share = effective_number(table[f"{side}_entropy"], table[f"{side}_pool_size"])
+        dists[f"{side}_entropy2"] = distribution(ratio, 6)
+        dists[f"{side}_effective"] = distribution(eff, 3)
+        dists[f"{side}_effective_share"] = distribution(share, 4)
     for c in cols:
         col = table[c]
         if pa.types.is_list(col.type):
@@ -257,7 +280,8 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         "rewrites": pos_facts["rewrites"],
         "positive_routes": _route_counts(positives),
         "entropy_ratio": {side: dists[f"{side}_entropy"] for side in ("negative", "positive")},
-        "scores": {k: v for k, v in dists.items() if not k.endswith("entropy")},
+        "sharpness": sharpness(dists, cfg.ipw, cfg.temperature),
+        "scores": {k: v for k, v in dists.items() if not k.endswith(SHARPNESS_KEYS)},
         "edit": {
             "kind": cfg.edit_kind,
             "normalized": cfg.edit_normalized,
@@ -269,7 +293,8 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
             "pairs_per_second": round(edit_pairs / edit_s) if edit_s > 0 else None,
         },
         "params": {
-            k: params[k] for k in ("m", "m_positive", "lambda_n", "lambda_p", "temperature", "seed")
+            k: params[k]
+            for k in ("m", "m_positive", "lambda_n", "lambda_p", "ipw", "temperature", "seed")
         },
         "computed_shards": len(todo),
         "shards": len(pools),
@@ -308,6 +333,7 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
         "no_positive",
         "random_negatives",
         "identical_skipped",
+        "repeated_positive_text",
         "positive_text_missing",
         "view1_text_missing",
         "view2_text_missing",
@@ -327,7 +353,7 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
     columns = [(f.name, str(f.type)) for f in S.PAIRS.schema]
 
     def render(dists):
-        return render_card(
+        card = render_card(
             name=cfg.corpus_name,
             schema_doc=S.PAIRS.doc,
             columns=columns,
@@ -335,9 +361,13 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
             encoder=encoder_info(sent_emb),
             mining=mining,
             counts=counts,
-            distributions=dists,
+            distributions={k: v for k, v in dists.items() if not k.endswith(SHARPNESS_KEYS[1:])},
             source=source,
         )
+        # The sharpness section goes before the counts: whether the debiasing acted is the
+        # first thing a user of the pairs should learn.
+        section = sharpness_section(sharpness(dists, cfg.ipw, cfg.temperature))
+        return card.replace("\n## Counts\n", f"\n{section}\n## Counts\n", 1)
 
     return render
 
@@ -350,8 +380,13 @@ def command(
     ] = None,
     lambda_n: Annotated[float | None, typer.Option(help="Eq. 3 weight of semantics (0-1).")] = None,
     lambda_p: Annotated[float | None, typer.Option(help="Eq. 5 weight of semantics (0-1).")] = None,
+    ipw: Annotated[
+        str | None,
+        typer.Option(help="paper (eqs. 1-6 as printed) or calibrated (z-scored scores, tau)."),
+    ] = None,
     temperature: Annotated[
-        float | None, typer.Option(help="Softmax temperature (1 = paper).")
+        float | None,
+        typer.Option(help="paper: every softmax's temperature (1 = paper); calibrated: tau."),
     ] = None,
     edit_kind: Annotated[str | None, typer.Option(help="Edit distance unit: word or char.")] = None,
     edit_normalized: Annotated[

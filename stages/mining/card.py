@@ -152,7 +152,8 @@ Every score the sampler used is a column, so the sampling can be audited or redo
 
 1. **Embeddings**: `{encoder.get("model")}`, `{encoder.get("pooling")}` pooling, max length
    {encoder.get("max_length")}, {encoder.get("dim")}-d, L2-normalised.
-2. **Negative pools**: the {mining.get("k")} nearest neighbours of each anchor in a FAISS
+2. **Negative pools**: the nearest neighbours of each anchor (k = {mining.get("k")}, doubled
+   while its band lasts, up to {mining.get("pool_cap") or mining.get("k")}) in a FAISS
    `{mining.get("index", {}).get("kind")}` inner-product index (recall@k against exact search:
    {_fmt(mining.get("index", {}).get("recall_at_k"))}), kept when their cosine lies in
    [{mining.get("band_low")}, {mining.get("band_high")}] and they are not the anchor, an exact or
@@ -212,3 +213,90 @@ layout. `_manifest.json` records the schema, params, fingerprint, code version a
 size, sha256 and xxh3_128; `pairforge verify {source.get("path")}` checks the shards against it.
 """
     )
+
+
+# --- how far sampling is from uniform (a self-contained card section) ---------------------------
+
+# Mean entropy ratio above which the card and the metrics call sampling near-uniform.
+NEAR_UNIFORM = 0.99
+
+
+def effective_number(entropy, sizes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per pool of at least 2 candidates: ``(entropy ratio, exp(H), exp(H) / n)``.
+
+    ``entropy`` is the ``<side>_entropy`` column (H / log n), ``sizes`` the ``<side>_pool_size``
+    column; exp(H) = n ** ratio, the number of equally likely candidates the draw is worth. Pools
+    of 0 or 1 candidates are left out: they have no choice to make, uniform or not.
+    """
+    ratio = np.asarray(
+        entropy.to_numpy(zero_copy_only=False) if hasattr(entropy, "to_numpy") else entropy,
+        dtype=np.float64,
+    )
+    n = np.asarray(
+        sizes.to_numpy(zero_copy_only=False) if hasattr(sizes, "to_numpy") else sizes,
+        dtype=np.float64,
+    )
+    keep = (n >= 2) & np.isfinite(ratio)
+    ratio, n = ratio[keep], n[keep]
+    eff = n**ratio
+    return ratio, eff, eff / n
+
+
+def sharpness(entropy: dict[str, Any], ipw: str, temperature: float) -> dict[str, Any]:
+    """The ``sharpness`` metrics: per side, the entropy ratio, the effective number of candidates
+    and its share of the pool over pools of >= 2 candidates (``distribution()`` dicts, from
+    ``<side>_entropy2``, ``<side>_effective``, ``<side>_effective_share`` of ``entropy``), and
+    ``near_uniform``: mean entropy ratio > ``NEAR_UNIFORM``."""
+    out: dict[str, Any] = {
+        "ipw": ipw,
+        "temperature": temperature,
+        "near_uniform_above": NEAR_UNIFORM,
+    }
+    for side in ("negative", "positive"):
+        ratio = entropy[f"{side}_entropy2"]
+        out[side] = {
+            "entropy_ratio": ratio,
+            "effective_candidates": entropy[f"{side}_effective"],
+            "effective_share": entropy[f"{side}_effective_share"],
+            "near_uniform": ratio["mean"] is not None and ratio["mean"] > NEAR_UNIFORM,
+        }
+    return out
+
+
+def sharpness_section(sharp: dict[str, Any]) -> str:
+    """The card's "How sharp the sampling is" section, from :func:`sharpness`."""
+    rows, notes = [], []
+    for side in ("negative", "positive"):
+        s = sharp[side]
+        for label, key in (
+            ("entropy ratio H/log n", "entropy_ratio"),
+            ("effective candidates exp(H)", "effective_candidates"),
+            ("effective share exp(H)/n", "effective_share"),
+        ):
+            d = s[key]
+            rows.append([side, label, d.get("count"), d["mean"], d["p10"], d["p50"], d["p90"]])
+        if s["near_uniform"]:
+            notes.append(
+                f"**{side} sampling is NEAR-UNIFORM** (mean entropy ratio "
+                f"{_fmt(s['entropy_ratio']['mean'])} > {NEAR_UNIFORM}): P barely prefers any "
+                "candidate, so the debiasing does almost nothing."
+            )
+    form = (
+        "the paper's eqs. 1-6 as printed"
+        if sharp["ipw"] == "paper"
+        else "calibrated: one softmax over z-scored edit and cosine"
+    )
+    verdict = "\n\n".join(notes) or (
+        "Neither side is near-uniform (mean entropy ratio <= "
+        f"{NEAR_UNIFORM} on both): P prefers the harder candidates by a real amount."
+    )
+    return f"""## How sharp the sampling is
+
+IPW form: {form}, temperature {_fmt(sharp["temperature"])}. Per pool of at least 2 candidates:
+the entropy ratio H(P)/log n (1 = uniform), the effective number of candidates exp(H) (how many
+equally likely candidates the draw is worth) and its share of the pool.
+
+{_table(["side", "measure", "pools", "mean", "p10", "p50", "p90"], rows)}
+
+{verdict}
+"""

@@ -16,6 +16,22 @@ cosines within 0.5 of each other, so logits differ by less than 1), and P_neg / 
 nearly uniform: METHODS.md's
 3-candidate example gives 0.319 / 0.342 / 0.339. A temperature below 1 sharpens all three softmaxes
 of a distribution (eqs. 1, 2 and 4, or 1, 2 and 6); :func:`entropy_ratio` measures the result.
+
+Calibrated form (:func:`calibrated_probs`, ``sample.ipw: calibrated``). The paper's softmaxes act on
+raw scores whose spread within a pool is small and varies from pool to pool, so no single
+temperature sharpens every pool by the same amount. The calibrated form standardises each score
+within its pool first, then takes one softmax::
+
+    z_e(i,j) = (edit(i,j) - mean_k edit(i,k)) / std_k edit(i,k)          (0 when std = 0)
+    z_c(i,j) = (cos(i,j)  - mean_k cos(i,k))  / std_k cos(i,k)
+    P_neg(j|i) = softmax_j( -((1 - λn) z_e + λn z_c) / τ )     (eqs. 3-4 with z-scores)
+    P_pos(j|i) = softmax_j(  ((1 - λp) z_e + λp z_c) / τ )     (eqs. 5-6 with z-scores)
+
+It keeps the paper's directions (negatives: small edit, low cosine; positives: large edit, high
+cosine) and its λ weighting, and makes the sharpening a property of τ alone: a candidate one
+standard deviation harder than the pool's mean gets e^(1/τ) times the weight of an average one,
+whatever the pool's raw spread. For Gaussian-like scores the effective number of candidates
+exp(H) is about n·exp(-σ²/τ²), σ² the variance of the mixed z-score (≤ λ² + (1-λ)²).
 """
 
 from __future__ import annotations
@@ -25,7 +41,10 @@ from typing import NamedTuple
 import numpy as np
 
 __all__ = [
+    "IPW_FORMS",
     "PoolSample",
+    "calibrated_probs",
+    "effective_numbers",
     "Sample",
     "entropy_ratio",
     "negative_probs",
@@ -210,7 +229,47 @@ def positive_probs(
     return _softmax(p_tilde, lay, temperature)  # eq. 6
 
 
+def _zscore(x: np.ndarray, lay: _Layout) -> np.ndarray:
+    """``x`` standardised within each pool (population std); 0 where a pool's std is 0."""
+    counts = np.maximum(np.diff(lay.offsets), 1).astype(np.float64)
+    mean = _segment_reduce(np.add, x, lay, 0.0) / counts  # (n_pools,)
+    dev = x - mean[lay.seg]  # (N,)
+    std = np.sqrt(_segment_reduce(np.add, dev * dev, lay, 0.0) / counts)  # (n_pools,)
+    # A pool whose scores are all equal (to rounding) carries no signal: z = 0, uniform over it.
+    flat = std <= 1e-12 * np.maximum(1.0, np.abs(mean))
+    return np.where(flat[lay.seg], 0.0, dev / np.where(flat, 1.0, std)[lay.seg])
+
+
+IPW_FORMS: tuple[str, ...] = ("paper", "calibrated")
+
+
+def calibrated_probs(
+    edit: np.ndarray,
+    cos: np.ndarray,
+    offsets: np.ndarray | None = None,
+    side: str = "negative",
+    lam: float = 0.8,
+    temperature: float = 1.0,
+) -> np.ndarray:
+    """P_neg or P_pos in the calibrated form (module doc): a softmax over z-scored edit and
+    cosine with ``lam`` (λn or λp) weighing semantics, at ``temperature`` τ. Sums to 1 per pool."""
+    if side not in ("negative", "positive"):
+        raise ValueError(f"side must be 'negative' or 'positive', got {side!r}")
+    edit, cos, lay = _prepare_pair(edit, cos, offsets, lam, f"lambda ({side})", temperature)
+    mixed = (1.0 - lam) * _zscore(edit, lay) + lam * _zscore(cos, lay)  # (N,)
+    return _softmax(-mixed if side == "negative" else mixed, lay, temperature)
+
+
 # ----------------------------------------------------------------------------- entropy
+
+
+def effective_numbers(p: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """exp(H(p)) of each pool: how many equally likely candidates the draw is worth, shape
+    ``(n_pools,)``; n for a uniform pool of n, 1 for a point mass, NaN for an empty pool."""
+    ratio = pool_entropy_ratios(p, offsets)
+    counts = np.diff(np.asarray(offsets, dtype=np.int64)).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(counts > 0, counts**ratio, np.nan)
 
 
 def _as_probs(p: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 from pairforge.stages.mining.ipw import (
     PoolSample,
+    calibrated_probs,
     negative_probs,
     pool_entropy_ratios,
     positive_probs,
@@ -53,15 +54,24 @@ def score_pools(
     side: str,
     lam: float,
     temperature: float = 1.0,
+    ipw: str = "paper",
 ) -> ScoredPools:
     """Scores of ragged pools: ``side`` is ``negative`` (eqs. 1-4, ``lam`` = λn) or ``positive``
-    (eqs. 1, 2, 5, 6, ``lam`` = λp). ``temperature`` divides every softmax's logits (1 = paper)."""
+    (eqs. 1, 2, 5, 6, ``lam`` = λp). ``ipw="paper"``: the equations as printed, ``temperature``
+    dividing every softmax's logits (1 = paper). ``ipw="calibrated"``: P from z-scored edit and
+    cosine at temperature τ (``ipw.calibrated_probs``); ``s_sur``/``s_sem`` then stay eqs. 1-2 at
+    temperature 1, for the audit."""
+    if ipw not in ("paper", "calibrated"):
+        raise ValueError(f"ipw must be 'paper' or 'calibrated', got {ipw!r}")
     edit = np.asarray(edit, dtype=np.float64)
     cos = np.asarray(cos, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
-    s_sur = surface_scores(edit, offsets, temperature)  # eq. 1
-    s_sem = semantic_scores(cos, offsets, temperature)  # eq. 2
-    if side == "negative":
+    paper_t = temperature if ipw == "paper" else 1.0
+    s_sur = surface_scores(edit, offsets, paper_t)  # eq. 1
+    s_sem = semantic_scores(cos, offsets, paper_t)  # eq. 2
+    if ipw == "calibrated":
+        prob = calibrated_probs(edit, cos, offsets, side, lam, temperature)
+    elif side == "negative":
         prob = negative_probs(edit, cos, offsets, lam, temperature)  # eqs. 3-4
     elif side == "positive":
         prob = positive_probs(edit, cos, offsets, lam, temperature)  # eqs. 5-6

@@ -27,6 +27,7 @@ from pairforge.stages.mining.inputs import (
     open_embeddings,
 )
 from pairforge.stages.mining.pairs import draw, gather, pick_route, ragged_list, score_pools
+from pairforge.stages.mining.pools import normalize_text
 
 EDIT_INDEX = "edit_index"  # the positives table's row in the scorer's candidate encoding
 COS = "cos"
@@ -48,6 +49,7 @@ class DrawParams:
     lambda_n: float = 0.8
     lambda_p: float = 0.8
     temperature: float = 1.0
+    ipw: str = "paper"
     identical: str = "skip"
     short: str = "keep"
     positive_route: str = "en-zh-en"
@@ -95,20 +97,26 @@ def sample_shard(
     cand_rows = pool_rows.flatten().to_numpy()
     edit = edits.corpus(np.repeat(rows, np.diff(n_off)), cand_rows)  # (N,), pools grouped
     cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature)
+    neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature, cfg.ipw)
     neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
     picked = pa.array(neg_draw.indices)
 
-    # Positives: the anchors' candidates, identical copies skipped unless kept.
+    # Positives: the anchors' candidates, identical copies skipped unless kept, then one
+    # candidate per distinct text (the first in source order), so that a text two routes both
+    # produced is one candidate: scored once, drawn at most once, no likelier than any other.
     local = np.searchsorted(rows, positives[S.ROW].to_numpy())  # rows ascend within a shard
     identical = positives[S.IDENTICAL].to_numpy(zero_copy_only=False)
     keep = ~identical if cfg.identical == "skip" else np.ones(len(local), dtype=bool)
-    pos_t = positives.filter(pa.array(keep))
-    local_k = local[keep]
+    pos_k = positives.filter(pa.array(keep))
+    local_kk = local[keep]
+    rep = first_of_text(local_kk, pos_k[S.TEXT].to_pylist())  # (n_kept,) its text's first row
+    distinct = rep == np.arange(rep.size)
+    pos_t = pos_k.filter(pa.array(distinct))
+    local_k = local_kk[distinct]
     p_off = np.concatenate([[0], np.cumsum(np.bincount(local_k, minlength=n))]).astype(np.int64)
     pos_edit = edits.candidates(rows[local_k], pos_t[EDIT_INDEX].to_numpy())
     pos = score_pools(
-        pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature
+        pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature, cfg.ipw
     )
     pos_draw = draw(
         pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, batch, 1])
@@ -160,22 +168,26 @@ def sample_shard(
         "no_negative": int((np.diff(neg_draw.offsets) == 0).sum()),
         "no_positive": int((np.diff(pos_draw.offsets) == 0).sum()),
         "identical_skipped": int((~keep).sum()),
+        "repeated_positive_text": int((~distinct).sum()),
         "edit_pairs": int(len(edit) + len(pos_edit)),
     }
-    route_col = pos_t[S.ROUTE].to_numpy(zero_copy_only=False)
-    noise_col = pos_t[S.NOISE].to_numpy(zero_copy_only=False)
+    # The single views choose among every kept candidate of their route, a repeated text
+    # included (its route is still that route), with its text's P_pos.
+    route_col = pos_k[S.ROUTE].to_numpy(zero_copy_only=False)
+    noise_col = pos_k[S.NOISE].to_numpy(zero_copy_only=False)
+    prob_k = pos.prob[np.cumsum(distinct)[rep] - 1] if rep.size else pos.prob
     for text_col, id_col, key in SINGLE_VIEWS:
-        best = pick_route(local_k, route_col, noise_col, pos.prob, getattr(cfg, key), n)
+        best = pick_route(local_kk, route_col, noise_col, prob_k, getattr(cfg, key), n)
         has = best >= 0
         take = (
-            pa.array(np.where(has, best, 0), mask=~has) if len(pos_t) else pa.nulls(n, pa.int64())
+            pa.array(np.where(has, best, 0), mask=~has) if len(pos_k) else pa.nulls(n, pa.int64())
         )
         columns[text_col] = (
-            pos_t[S.TEXT].combine_chunks().take(take) if len(pos_t) else pa.nulls(n, pa.string())
+            pos_k[S.TEXT].combine_chunks().take(take) if len(pos_k) else pa.nulls(n, pa.string())
         )
         columns[id_col] = (
-            pos_t[S.CANDIDATE_ID].combine_chunks().take(take)
-            if len(pos_t)
+            pos_k[S.CANDIDATE_ID].combine_chunks().take(take)
+            if len(pos_k)
             else pa.nulls(n, pa.string())
         )
         counts[f"{text_col}_missing"] = int((~has).sum())
@@ -194,6 +206,21 @@ def sample_shard(
     counts["dropped_short"] = n - table.num_rows
     counts["rows"] = table.num_rows
     return table, counts, seconds
+
+
+def first_of_text(group: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+    """For each candidate, the position of the first candidate of its group (anchor) whose text
+    is the same once normalised (``pools.normalize_text``: NFKC, case-folded, spaces collapsed);
+    a candidate is its own first when its text is new. Shape ``(len(texts),)`` int64."""
+    seen: dict[tuple[int, str], int] = {}
+    return np.fromiter(
+        (
+            seen.setdefault((int(g), normalize_text(t)), i)
+            for i, (g, t) in enumerate(zip(group, texts, strict=True))
+        ),
+        dtype=np.int64,
+        count=len(texts),
+    )
 
 
 @dataclass(frozen=True)

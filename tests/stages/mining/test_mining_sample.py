@@ -20,6 +20,7 @@ from pairforge.stages.mining.card import CARD
 from pairforge.stages.mining.edits import tokenize_words
 from pairforge.stages.mining.inputs import load_vectors, open_embeddings
 from pairforge.stages.mining.pairs import draw, score_pools
+from pairforge.stages.mining.pools import normalize_text
 from pairforge.stages.sample import SampleConfig, run
 from rapidfuzz.distance import Levenshtein
 from scipy.stats import chisquare
@@ -42,7 +43,8 @@ def _paths(root) -> dict:
 
 
 def _cfg(root, **kw) -> SampleConfig:
-    return SampleConfig(**{**_paths(root), **kw})
+    """The paper's equations as printed unless a test says otherwise: eqs. 1-6 by hand below."""
+    return SampleConfig(**{**_paths(root), "ipw": "paper", "temperature": 1.0, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +85,24 @@ def mined(mining_inputs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def sampled(mined, tmp_path_factory):
     root = copy_project(mined, tmp_path_factory.mktemp("sampled"))
-    metrics = run(_cfg(root, corpus_name="test corpus", corpus_license="CC0-1.0"), progress=False)
+    # The paper's equations as printed: the tests below recompute eqs. 1-6 by hand.
+    cfg = _cfg(
+        root, corpus_name="test corpus", corpus_license="CC0-1.0", ipw="paper", temperature=1.0
+    )
+    metrics = run(cfg, progress=False)
     return root, metrics
+
+
+def _distinct(candidates: list[dict]) -> list[dict]:
+    """The first candidate of each normalised text, in order: the positive pool sample draws from."""
+    seen: set[str] = set()
+    out = []
+    for c in candidates:
+        key = normalize_text(c[S.TEXT])
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
 
 
 def _hand_softmax(x: list[float]) -> np.ndarray:
@@ -133,18 +151,20 @@ def test_positives_eqs_5_6_identical_skipped_and_routes(sampled):
     by_anchor: dict[str, list[dict]] = {}
     for c in cands:
         by_anchor.setdefault(c[S.ID], []).append(c)
-    identical_total = 0
+    identical_total = repeated_total = 0
     for row in pairs:
         own = by_anchor[row[S.ID]]
-        usable = [c for c in own if not c[S.IDENTICAL]]
-        identical_total += len(own) - len(usable)
-        assert row[S.IDENTICAL_SKIPPED] == len(own) - len(usable)
+        kept = [c for c in own if not c[S.IDENTICAL]]
+        usable = _distinct(kept)
+        identical_total += len(own) - len(kept)
+        repeated_total += len(kept) - len(usable)
+        assert row[S.IDENTICAL_SKIPPED] == len(own) - len(kept)
         assert row["positive_pool_size"] == len(usable)
         assert set(row[S.POSITIVE_TEXTS]) <= {c[S.TEXT] for c in usable}
         assert row[S.TEXT] not in row[S.POSITIVE_TEXTS] or any(
             c[S.TEXT] == row[S.TEXT] for c in usable
         )
-        meta = {c[S.CANDIDATE_ID]: c for c in usable}
+        meta = {c[S.CANDIDATE_ID]: c for c in kept}
         for j, cid in enumerate(row[S.POSITIVE_IDS]):
             assert row[S.POSITIVE_ROUTES][j] == meta[cid][S.ROUTE]
             assert row[S.POSITIVE_NOISES][j] == meta[cid][S.NOISE]
@@ -167,7 +187,7 @@ def test_positives_eqs_5_6_identical_skipped_and_routes(sampled):
             (S.VIEW1_TEXT, S.VIEW1_ID, "en-de-en"),
             (S.VIEW2_TEXT, S.VIEW2_ID, "en-fr-en"),
         ):
-            options = [c for c in usable if c[S.ROUTE] == route]
+            options = [c for c in kept if c[S.ROUTE] == route]
             if not options:
                 assert row[col] is None and row[id_col] is None
                 continue
@@ -177,6 +197,7 @@ def test_positives_eqs_5_6_identical_skipped_and_routes(sampled):
                 assert chosen[S.NOISE] == "none"  # the plain back-translation first
     assert identical_total > 0
     assert metrics["counts"]["identical_skipped"] == identical_total
+    assert metrics["counts"]["repeated_positive_text"] == repeated_total > 0
 
 
 def test_draws_follow_p_over_many_seeds():
@@ -243,8 +264,8 @@ def test_metrics_report_entropy_and_counts(sampled):
 
 def test_short_policies(mined, tmp_path):
     root = copy_project(mined, tmp_path)
-    with pytest.raises(PairforgeError, match="fewer than m=30"):
-        run(_cfg(root, m=30, short="error"), progress=False)
+    with pytest.raises(PairforgeError, match="fewer than m=300"):
+        run(_cfg(root, m=300, short="error"), progress=False)
     sizes = [
         len(r)
         for r in open_dataset(root / "data/pools", S.POOLS).read_table()[S.POOL_ROWS].to_pylist()
@@ -405,7 +426,8 @@ def test_export_layouts(sampled, tmp_path):
         assert f"{want:,} {fmt} rows" in result.output
         import datasets
 
-        d = datasets.load_dataset(str(out), split="train")  # the Hub layout: README.md + data/
+        # A fresh cache: datasets keys its cache by path, and pytest reuses tmp paths across runs.
+        d = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "hf"))
         assert d.num_rows == want
         cols = {"triplet": ["anchor", "positive", "negative"], "pair": ["anchor", "positive"]}
         assert d.column_names == cols.get(fmt, ["anchor", "positive", "negative_1", "negative_2"])
@@ -483,9 +505,11 @@ def test_rewrites_are_a_second_positive_source(mined, tmp_path):
     assert metrics["positive_routes"]["llm"] == 120
     pairs = open_dataset(root / "data/pairs", S.PAIRS).read_table().to_pylist()
     cands = open_dataset(root / "data/candidates", S.CANDIDATES).read_table().to_pylist()
-    usable = {}
+    kept: dict[str, list[dict]] = {}
     for c in cands:
-        usable[c[S.ID]] = usable.get(c[S.ID], 0) + (not c[S.IDENTICAL])
+        if not c[S.IDENTICAL]:
+            kept.setdefault(c[S.ID], []).append(c)
+    usable = {a: len(_distinct(cs)) for a, cs in kept.items()}
     ids = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID]
     vectors = load_vectors(
         open_embeddings(root / "data/embeddings/sentences"), ids.combine_chunks()
@@ -498,7 +522,9 @@ def test_rewrites_are_a_second_positive_source(mined, tmp_path):
     seen = 0
     for row in pairs:
         own = rewrites.get(row[S.ID])
-        assert row["positive_pool_size"] == usable[row[S.ID]] + (own is not None)
+        texts = {normalize_text(c[S.TEXT]) for c in kept.get(row[S.ID], [])}
+        new = own is not None and normalize_text(own[S.TEXT]) not in texts
+        assert row["positive_pool_size"] == usable.get(row[S.ID], 0) + new
         assert ("llm" in row[S.POSITIVE_ROUTES]) == (own is not None)
         if own is None:
             continue
@@ -567,3 +593,27 @@ def test_rewrites_schema_and_embedding_errors(mined, tmp_path):
     write_embeddings(root / "data/embeddings/rewrites", ids, unit(np.ones((3, 16))), [3], INFO)
     with pytest.raises(DataIntegrityError, match="unique across candidates and rewrites"):
         run(_cfg(root), progress=False)
+
+
+def test_sharpness_is_reported_and_near_uniform_is_flagged(mined, sampled, tmp_path):
+    _, paper = sampled  # the equations as printed
+    neg = paper["sharpness"]["negative"]
+    assert paper["sharpness"]["ipw"] == "paper" and neg["near_uniform"] is True
+    assert neg["entropy_ratio"]["mean"] > 0.99 and neg["effective_share"]["mean"] > 0.95
+    card = (sampled[0] / "data/pairs" / CARD).read_text()
+    assert "## How sharp the sampling is" in card and "negative sampling is NEAR-UNIFORM" in card
+
+    root = copy_project(mined, tmp_path)
+    metrics = run(_cfg(root, ipw="calibrated", temperature=0.5), progress=False)
+    sharp = metrics["sharpness"]
+    assert sharp["ipw"] == "calibrated" and sharp["temperature"] == 0.5
+    for side in ("negative", "positive"):
+        s = sharp[side]
+        assert s["near_uniform"] is False
+        assert s["entropy_ratio"]["mean"] < neg["entropy_ratio"]["mean"] - 0.05
+        assert s["effective_candidates"]["p50"] >= 1.0
+        assert 0 < s["effective_share"]["mean"] < 0.9
+    card = (root / "data/pairs" / CARD).read_text()
+    assert "NEAR-UNIFORM" not in card and "Neither side is near-uniform" in card
+    # The same pools and seed: only P changed, and it now prefers lower-cosine negatives.
+    assert metrics["scores"]["negative_cos"]["mean"] < paper["scores"]["negative_cos"]["mean"]
