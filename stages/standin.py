@@ -26,7 +26,7 @@ from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
 from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
 from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.shards import atomic_write_json, open_dataset
+from pairforge.pipeline.shards import apply_umask, atomic_write_json, open_dataset
 from pairforge.stages.augment.standin import NOTE, build_standins
 from pydantic import Field
 
@@ -107,6 +107,7 @@ def run(cfg: StandinConfig) -> dict:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    apply_umask(tmp)  # safetensors writes 0600
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     if cfg.enabled:

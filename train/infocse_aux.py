@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.shards import atomic_write_json
+from pairforge.pipeline.shards import apply_umask, atomic_write_json
 from torch import nn
 
 AUX_FORMAT = "pairforge-infocse-aux"
@@ -292,6 +292,7 @@ def save_auxiliary(aux: AuxiliaryMLM, folder: str | Path, meta: dict[str, Any]) 
     (folder / AUX_MANIFEST).unlink(missing_ok=True)
     tmp = folder / f".{AUX_WEIGHTS}.tmp-{os.getpid()}"
     save_model(aux, str(tmp))
+    apply_umask(tmp)  # safetensors writes 0600
     os.replace(tmp, folder / AUX_WEIGHTS)
     config = {
         "format": AUX_FORMAT,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 from pairforge.pipeline.progress import Progress
-from pairforge.pipeline.shards import atomic_write_json
+from pairforge.pipeline.shards import apply_umask, atomic_write_json
 from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     encoder_layers,
@@ -334,6 +334,7 @@ def _write_result(
         shutil.rmtree(tmp, ignore_errors=True)
         model.backbone.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        apply_umask(tmp)  # safetensors writes 0600
         os.replace(tmp, final)
     atomic_write_json(output / HISTORY_FILE, history)
     save_auxiliary(
