@@ -245,3 +245,41 @@ def test_a_stage_reading_a_corrupt_shard_exits_2_with_one_line(tmp_path):
         "rerun the stage that writes it (`pairforge sample`) or fetch the dataset again"
     ]
     assert "Traceback" not in result.stderr
+
+
+def test_no_reader_bypasses_the_verified_read():
+    """Every Parquet read of a pairforge dataset goes through pipeline/shards.py's verified
+    functions; raw corpus files (pipeline/readers.py, ingest's inputs) are not datasets."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    readers = {
+        "read_table",
+        "read_pandas",
+        "ParquetFile",
+        "ParquetDataset",
+        "read_schema",
+        "read_metadata",
+        "read_parquet",
+        "scan_parquet",
+        "dataset",
+    }
+    modules = {"pq", "pl", "ds", "pa", "polars", "pyarrow", "duckdb"}
+    allowed = {"pipeline/shards.py", "pipeline/readers.py", "pipeline/verify.py"}
+    offenders = []
+    for folder in ("pipeline", "stages", "train"):
+        for file in sorted((ROOT / folder).rglob("*.py")):
+            rel = str(file.relative_to(ROOT))
+            if rel in allowed:
+                continue
+            for node in ast.walk(ast.parse(file.read_text())):
+                if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                    continue
+                func = node.func
+                direct = func.attr in readers and getattr(func.value, "id", None) in modules
+                if (direct or func.attr == "iter_batches") and not any(
+                    word in ast.unparse(node) for word in ("verified", "shard_path(")
+                ):
+                    offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:100]}")
+    assert not offenders, "unverified dataset reads:\n" + "\n".join(offenders)
