@@ -12,6 +12,8 @@ Layout (``SentenceTransformer(path).encode`` loads it offline; so does ``AutoMod
   sentence), and ``pairforge_pooling.MaskPooling`` (a file in the folder) takes the state at the
   last [MASK]. Sentence-transformers runs code shipped in a model folder only when asked:
   ``SentenceTransformer(path, trust_remote_code=True)``;
+- ``Normalize`` last when the start model had it (``normalize``), so the folder gives unit
+  vectors as the start model did (the evaluator's encoder reads ``normalize`` and does the same);
 - ``pairforge.json``: the objective, pooling, prompt, training step, dev score and provenance,
   which the evaluator reads;
 - ``README.md``: the model card (``train/card.py``).
@@ -39,6 +41,7 @@ POOLING_MODULE = "pairforge_pooling"
 TRANSFORMER = "sentence_transformers.models.Transformer"
 POOLING = "sentence_transformers.models.Pooling"
 DENSE = "sentence_transformers.models.Dense"
+NORMALIZE = "sentence_transformers.models.Normalize"
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -121,12 +124,14 @@ def export_model(
     max_sentence_tokens: int = 32,
     max_seq_length: int | None = None,
     info: dict[str, Any] | None = None,
+    normalize: bool = False,
 ) -> Path:
     """Write ``encoder`` (a Hugging Face base model) as a sentence-transformers folder.
 
     ``max_seq_length``: the longest input the exported model reads (None: the tokenizer's
     model maximum, capped by the position embeddings). For ``mask`` pooling the sentence itself is
-    cut at ``max_sentence_tokens`` tokens, as in training. Replaces ``folder`` if it exists.
+    cut at ``max_sentence_tokens`` tokens, as in training. ``normalize`` adds a ``Normalize``
+    module last (unit-length vectors). Replaces ``folder`` if it exists.
     """
     folder = Path(folder)
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
@@ -166,6 +171,11 @@ def export_model(
         )
     else:
         raise PairforgeError(f"export: unknown pooling {pooling!r}")
+    if normalize:
+        index = len(modules)
+        path = f"{index}_Normalize"
+        modules.append({"idx": index, "name": str(index), "path": path, "type": NORMALIZE})
+        (tmp / path).mkdir()
     _write_json(tmp / "modules.json", modules)
     _write_json(
         tmp / "sentence_bert_config.json",
@@ -188,6 +198,7 @@ def export_model(
             "prompt": prompt,
             "max_sentence_tokens": max_sentence_tokens if pooling == "mask" else None,
             "max_seq_length": int(max_seq_length),
+            "normalize": normalize,
             "trust_remote_code": pooling == "mask",
         },
     )

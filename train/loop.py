@@ -39,7 +39,7 @@ from pairforge.train import sts
 from pairforge.train.card import write_model_card
 from pairforge.train.checkpoint import CheckpointStore, rng_state, seed_everything, set_rng_state
 from pairforge.train.data import Collator, PairsSource, RowStream
-from pairforge.train.encode import EXPORT_INFO, Embedder
+from pairforge.train.encode import EXPORT_INFO, Embedder, describe_model
 from pairforge.train.export import export_model
 from pairforge.train.objectives import OBJECTIVES, check_columns
 from pairforge.train.objectives.base import BuildContext, Objective
@@ -156,6 +156,22 @@ def _base_max_seq_length(spec: str) -> int | None:
     return None
 
 
+def start_model_vectors(spec: str) -> dict[str, Any]:
+    """How the start model ``spec`` makes its sentence vectors, when its folder says so.
+
+    ``pooling``: from its sentence-transformers Pooling module or its ``pairforge.json``, else
+    ``None`` (a plain Hugging Face model declares none); ``normalize``: a ``Normalize`` module;
+    ``from``: which of the two said it.
+    """
+    described = describe_model(spec)
+    declared = described["from"] in ("sentence-transformers", "pairforge export")
+    return {
+        "pooling": described["pooling"] if declared else None,
+        "normalize": bool(described.get("normalize", False)),
+        "from": described["from"] if declared else None,
+    }
+
+
 def _autocast_dtype(precision: str, device: str) -> torch.dtype | None:
     if precision == "fp32" or (precision == "auto" and not device.startswith("cuda")):
         return None
@@ -243,10 +259,13 @@ class Trainer:
                 ", ".join(self.load_report["initialised"]),
             )
         self.tokenizer = tokenizer
+        self.start = start_model_vectors(s.model)
+        context = BuildContext(encoder, tokenizer, head, start_pooling=self.start["pooling"])
         try:
-            objective = self.objective_cls.build(BuildContext(encoder, tokenizer, head), s.options)
+            objective = self.objective_cls.build(context, s.options)
         except ValueError as exc:
             raise ConfigError(f"train.recipes.{s.objective}.options: {exc}") from None
+        self._log_pooling_change(objective)
         self.module = TrainModule(encoder, objective).to(self.device)
         if dist.is_distributed() and self.device.startswith("cuda"):
             self.module = nn.SyncBatchNorm.convert_sync_batchnorm(self.module)
@@ -279,17 +298,43 @@ class Trainer:
         self.store = CheckpointStore(self.out, self.fingerprint, s.keep_checkpoints)
         self.dev = self._load_dev() if s.eval_every > 0 else {}
 
+    def _log_pooling_change(self, objective: Objective) -> None:
+        """One warning when the pooling trained is not the start model's own."""
+        start = self.start["pooling"]
+        if start is None or objective.pooling == start or not dist.is_main():
+            return
+        option = self.settings.options.get("pooling")
+        if option is not None:
+            why = f"the recipe's option pooling: {option}"
+        elif objective.pooling == "mask":
+            why = "the objective's prompt pooling, part of its method"
+        else:
+            why = "the objective's default"
+        log.warning(
+            "%s: trains and exports %s pooling (%s), not the start model's %s pooling (its %s "
+            "config); the STS scores of the two are then not like for like",
+            self.label,
+            objective.pooling,
+            why,
+            start,
+            self.start["from"],
+        )
+
     def _load_dev(self) -> dict[str, sts.STSData]:
         s = self.settings
         if not s.sts_dir and any(task not in sts.DEMO_TASKS for task in s.eval_tasks):
             raise ConfigError("train: eval_every > 0 needs sts_dir (the STS data folder)")
+        folders = {task: sts.task_folder(task, s.sts_dir, s.demo_dir) for task in s.eval_tasks}
+        if dist.is_main():
+            # Said once, after the checks that fail a run, so that a failure stays one line.
+            where = ", ".join(f"{sts.LABELS.get(t, t)} ({folder})" for t, folder in folders.items())
+            if s.sts_dir and sts.find_data_folder(s.sts_dir) is None:
+                log.info("%s: no STS data at %s; dev sets: %s", self.label, s.sts_dir, where)
+            else:
+                log.info("%s: dev sets: %s", self.label, where)
         return {
-            task: sts.subsample(
-                sts.load_task(sts.task_folder(task, s.sts_dir, s.demo_dir), task),
-                s.eval_max_pairs,
-                seed=0,
-            )
-            for task in s.eval_tasks
+            task: sts.subsample(sts.load_task(folder, task), s.eval_max_pairs, seed=0)
+            for task, folder in folders.items()
         }
 
     # --- state ----------------------------------------------------------------------------
@@ -427,6 +472,7 @@ class Trainer:
             max_sentence_tokens=s.max_length,
             batch_size=s.eval_batch_size,
             autocast_dtype=self.autocast,
+            normalize=self.start["normalize"],
         )
 
     def evaluate_dev(self) -> dict[str, Any]:
@@ -459,6 +505,7 @@ class Trainer:
             "fingerprint": self.fingerprint,
             "settings": asdict(s),
             "load_report": self.load_report,
+            "start_pooling": self.start["pooling"],
         }
         export_model(
             folder,
@@ -469,6 +516,7 @@ class Trainer:
             max_sentence_tokens=s.max_length,
             max_seq_length=_base_max_seq_length(s.model),
             info=info,
+            normalize=self.start["normalize"],
         )
 
     def _call(self, event: str) -> None:
@@ -628,6 +676,7 @@ class Trainer:
                 "load_report": self.load_report,
                 "model": str(model),
                 "pooling": self.objective.pooling,
+                "start_pooling": self.start["pooling"],
             }
             record = {"summary": summary, "history": self.history, "dev_history": self.dev_history}
             atomic_write_json(self.out / HISTORY, record)
