@@ -62,7 +62,10 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
 
 def _describe_error(section: str, model: type[BaseModel], exc: ValidationError) -> str:
     err = exc.errors()[0]
-    loc = ".".join(str(p) for p in (section, *err["loc"]))
+    # Union members add their type to the location (``literal['a','b']``, ``list[str]``); a key
+    # never holds brackets.
+    keys = [p for p in err["loc"] if not (isinstance(p, str) and "[" in p)]
+    loc = ".".join(str(p) for p in (section, *keys))
     kind = err["type"]
     value = err.get("input")
     if kind == "extra_forbidden":
