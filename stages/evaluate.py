@@ -1,9 +1,16 @@
-"""evaluate: trained encoders and the encoder they started from on the 7 STS tasks.
+"""evaluate: trained encoders and the encoder they started from on the 7 STS tasks and the
+demo evaluation set.
 
 STS12-16 (SentEval's "all" aggregation, SimCSE's convention), STS-B test and SICK-R test:
 Spearman x100 between the cosine similarity of the two sentences' vectors and the gold scores,
 pairs without a gold score dropped (``train/sts.py``). Alignment (STS-B test pairs with gold > 4)
-and uniformity (all STS-B test sentences) beside them.
+and uniformity (all STS-B test sentences) beside them; without the STS data, over the demo test
+split instead.
+
+The demo evaluation set (``demo_test``, ``data/demo/eval``, see its README) ships with the
+project; the STS data cannot. With ``sts_missing: skip`` (the demo profile) an absent STS folder
+is said once, with the command that fetches it, and the other tasks are scored; with ``error``
+(the default, the paper profile) the stage stops with that command.
 
 Each model is encoded as it is meant to be used: an exported model with the pooling of its
 objective (``pairforge.json``), a sentence-transformers folder with its own Pooling module, a
@@ -25,7 +32,7 @@ import glob
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
@@ -57,6 +64,14 @@ class EvaluateConfig(StageConfig):
     )
     baseline_prompt: str = Field('"[X]" means [MASK].', description="template for mask pooling")
     tasks: list[str] = Field(TEST_TASKS, min_length=1)
+    demo_data: str = Field(
+        "data/demo/eval", description="the demo evaluation set's folder (demo_dev, demo_test)"
+    )
+    sts_missing: Literal["error", "skip"] = Field(
+        "error",
+        description="an absent STS folder: error stops with the command that fetches the data; "
+        "skip scores the other tasks and says so once",
+    )
     max_pairs: int | None = Field(
         None, ge=1, description="pairs per task (seeded sample); null: all"
     )
@@ -102,21 +117,69 @@ def _check_local(spec: str) -> None:
         raise ConfigError(f"evaluate: model {spec!r} not found (train it first: `pairforge train`)")
 
 
+def load_sets(cfg: EvaluateConfig) -> tuple[dict, Path | None, list[str]]:
+    """Every task of ``cfg.tasks`` that can be scored, loaded whole: ``(sets, STS folder or
+    None, tasks skipped)``.
+
+    STS tasks need the STS folder ``cfg.data``; when it is absent they are skipped with one log
+    line naming the command that fetches it (``sts_missing: skip``, and another task is left to
+    score) or the stage stops with that command (a ConfigError). A missing or malformed file is
+    a PairforgeError naming it, before any model is loaded.
+    """
+    from pairforge.train import sts
+
+    unknown = [t for t in cfg.tasks if t not in sts.TASKS]
+    if unknown:
+        raise ConfigError(f"evaluate.tasks: unknown {unknown}; tasks: {', '.join(sts.TASKS)}")
+    wanted = [t for t in cfg.tasks if t not in sts.DEMO_TASKS]
+    folder = sts.find_data_folder(cfg.data) if wanted else None
+    skipped: list[str] = []
+    if wanted and folder is None:
+        if cfg.sts_missing == "error" or len(wanted) == len(cfg.tasks):
+            sts.data_folder(cfg.data)  # raises: the folder, and how to get the data
+        skipped = wanted
+        log.warning(
+            "evaluate: no STS data at %s, so %s are not scored (only %s); to score them, %s",
+            cfg.data,
+            ", ".join(sts.LABELS[t] for t in skipped),
+            ", ".join(sts.LABELS[t] for t in cfg.tasks if t not in skipped),
+            sts.DOWNLOAD,
+        )
+    sets = {
+        task: sts.load_task(sts.task_folder(task, folder, cfg.demo_data), task)
+        for task in cfg.tasks
+        if task not in skipped
+    }
+    return sets, folder, skipped
+
+
+def align_task_for(sets: dict, folder: Path | None) -> str | None:
+    """The set alignment and uniformity are measured on: STS-B test (SimCSE's) when the STS
+    data is there, else the demo test split when it is scored, else none."""
+    if folder is not None:
+        return "stsb"
+    return "demo_test" if "demo_test" in sets else None
+
+
 def evaluate_model(
     cfg: EvaluateConfig,
     spec: str,
     pooling: str = "auto",
     prompt: str | None = None,
-    data: Path | None = None,
+    sets: dict | None = None,
     progress: bool = False,
     label: str | None = None,
+    folder: Path | None = None,
 ) -> dict:
-    """Scores of one model on ``cfg.tasks`` (see train.sts.evaluate), with how it was encoded."""
+    """Scores of one model on ``sets`` (default: ``load_sets(cfg)``; see train.sts.evaluate),
+    with how it was encoded."""
     from pairforge.pipeline.models import pick_device
     from pairforge.train import sts
     from pairforge.train.encode import load_embedder
 
     _check_local(spec)
+    if sets is None:
+        sets, folder, _ = load_sets(cfg)
     embedder, described = load_embedder(
         spec,
         pooling=pooling,
@@ -128,8 +191,17 @@ def evaluate_model(
     if progress:
         embedder.progress = f"evaluate/{label or spec}"
     started = time.monotonic()
-    data = data or sts.data_folder(cfg.data)
-    result = sts.evaluate(embedder, data, cfg.tasks, max_pairs=cfg.max_pairs, seed=cfg.seed)
+    align_task = align_task_for(sets, folder)
+    result = sts.evaluate(
+        embedder,
+        folder or "",
+        list(sets),
+        max_pairs=cfg.max_pairs,
+        seed=cfg.seed,
+        align_uniform=align_task is not None,
+        data=sets,
+        align_task=align_task or "stsb",
+    )
     seconds = time.monotonic() - started
     info = described.get("info") or {}
     result.update(
@@ -152,12 +224,8 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     from pairforge.train.loop import quiet_transformers
     from pairforge.train.report import plot_align_uniform, sts_table
 
-    unknown = [t for t in cfg.tasks if t not in sts.TASKS]
-    if unknown:
-        raise ConfigError(f"evaluate.tasks: unknown {unknown}; tasks: {', '.join(sts.TASKS)}")
-    data = sts.data_folder(cfg.data)
-    for task in cfg.tasks:  # fail on missing data before any model is loaded
-        sts.load_task(data, task)
+    sets, folder, skipped = load_sets(cfg)
+    tasks = list(sets)
     threads = torch.get_num_threads()
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
@@ -172,7 +240,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     try:
         with quiet_transformers():
             for label, spec, pooling, prompt in jobs:
-                result = evaluate_model(cfg, spec, pooling, prompt, data, progress, label)
+                result = evaluate_model(cfg, spec, pooling, prompt, sets, progress, label, folder)
                 if not label:
                     label = _label(spec, {"info": result["trained"]})
                 elif pooling == "auto":
@@ -186,10 +254,17 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
                 )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
+    scored = next(iter(results.values()), {"tasks": {}})
     metrics = {
-        "data": str(data),
-        "tasks": list(cfg.tasks),
+        "data": str(folder) if folder is not None else None,
+        "demo_data": cfg.demo_data if any(t in sts.DEMO_TASKS for t in tasks) else None,
+        "tasks": tasks,
+        "skipped": skipped,
         "max_pairs": cfg.max_pairs,
+        "pairs": {
+            t: {"scored": r["pairs"], "total": r["pairs_total"]} for t, r in scored["tasks"].items()
+        },
+        "align_task": scored.get("align_task"),
         "models": {
             label: {
                 "model": r["model"],
@@ -208,43 +283,91 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     atomic_write_json(Path(cfg.metrics), metrics)
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(
-        report, _markdown(cfg, results, sts_table(results, cfg.tasks), data).encode()
-    )
-    plot_align_uniform(Path(cfg.plot), results)
-    log.info("evaluate: %d models on %d tasks; table in %s", len(results), len(cfg.tasks), report)
+    atomic_write_bytes(report, _markdown(cfg, results, sts_table(results, tasks), metrics).encode())
+    plot_align_uniform(Path(cfg.plot), results, caption=_align_caption(scored))
+    log.info("evaluate: %d models on %d tasks; table in %s", len(results), len(tasks), report)
     return metrics
 
 
-def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, data: Path) -> str:
+def _align_caption(scored: dict) -> str | None:
+    """Which pairs the alignment-uniformity figure measured, and whether they were a sample."""
+    from pairforge.train import sts
+
+    task = scored.get("align_task")
+    if task is None:
+        return None
+    used, total = scored["align_pairs"], scored["align_pairs_total"]
+    how = f"a seeded sample of {used} of {total} pairs" if used < total else f"all {total} pairs"
+    return f"{sts.LABELS.get(task, task)}, {how}"
+
+
+def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, metrics: dict) -> str:
+    from pairforge.train import sts
+
+    def label(task: str) -> str:
+        return sts.LABELS.get(task, task)
+
+    pairs = metrics["pairs"]
+    sets = []
+    for task in metrics["tasks"]:
+        n = pairs.get(task, {})
+        count = (
+            f"{n['scored']} of {n['total']} pairs"
+            if n and n["scored"] < n["total"]
+            else f"{n.get('total', '?')} pairs"
+        )
+        where = metrics["demo_data"] if task in sts.DEMO_TASKS else metrics["data"]
+        sets.append(f"{label(task)} ({count}, `{where}`)")
     lines = [
-        "# STS evaluation",
+        "# Evaluation",
         "",
-        f'Spearman x100 of cosine similarity; data `{data}`. STS12-16: SentEval\'s "all" '
-        "aggregation (one correlation over all subsets' pairs). align/uniform: STS-B test "
-        "(lower is better).",
+        "Spearman x100 of cosine similarity. Sets scored: " + "; ".join(sets) + ".",
         "",
     ]
-    if cfg.max_pairs:
+    if metrics["skipped"]:
+        lines += [
+            f"**Not scored: {', '.join(label(t) for t in metrics['skipped'])}**: no STS data at "
+            f"`{cfg.data}`. To score them, {sts.DOWNLOAD}.",
+            "",
+        ]
+    if any(t in sts.DEMO_TASKS for t in metrics["tasks"]):
+        lines += [
+            "The demo set (`data/demo/eval/README.md`) is small, written by one author and "
+            "in-domain with the demo corpus: it shows whether training moved the encoder on this "
+            "corpus, and its figures are not comparable with STS figures.",
+            "",
+        ]
+    if any(t in sts.STS_SUBSETS for t in metrics["tasks"]):
+        lines += [
+            "STS12-16: SentEval's \"all\" aggregation (one correlation over all subsets' pairs).",
+            "",
+        ]
+    caption = _align_caption(next(iter(results.values()), {}))
+    if caption:
+        lines += [f"align/uniform (lower is better): {caption}.", ""]
+    if cfg.max_pairs and any(n["scored"] < n["total"] for n in pairs.values()):
         lines += [
             f"**Quick check on a seeded sample of at most {cfg.max_pairs} pairs per task: not "
             "comparable with published figures.**",
             "",
         ]
     lines += [table, ""]
-    for label, r in results.items():
+    for name, r in results.items():
         trained = r.get("trained")
         if trained:
             dev = trained.get("dev") or {}
             dev_text = f", dev {dev['score']:.2f}" if dev.get("score") is not None else ""
+            dev_sets = [label(t) for t in dev if t in sts.TASKS]
+            if dev_text and dev_sets:
+                dev_text += f" ({', '.join(dev_sets)})"
             lines.append(
-                f"- `{label}`: `{r['model']}`, objective `{trained.get('objective')}` from "
+                f"- `{name}`: `{r['model']}`, objective `{trained.get('objective')}` from "
                 f"`{trained.get('base_model')}`, step {trained.get('step')}{dev_text}, "
                 f"`{r['pooling']}` pooling."
             )
         else:
             lines.append(
-                f"- `{label}`: `{r['model']}` with `{r['pooling']}` pooling ({r['pooling_from']})."
+                f"- `{name}`: `{r['model']}` with `{r['pooling']}` pooling ({r['pooling_from']})."
             )
     return "\n".join(lines) + "\n"
 
@@ -262,11 +385,17 @@ def command(
         typer.Option(
             "--task",
             "-t",
-            help="Task to run; repeat (sts12..sts16, stsb, sickr, stsb_dev, sickr_dev).",
+            help="Task to run; repeat (sts12..sts16, stsb, sickr, stsb_dev, sickr_dev, demo_test).",
         ),
     ] = None,
     max_pairs: Annotated[
         int | None, typer.Option(help="Pairs per task (seeded sample) for a quick check.")
+    ] = None,
+    sts_missing: Annotated[
+        str | None,
+        typer.Option(
+            help="Absent STS data: error (stop, say how to get it) or skip (score the rest)."
+        ),
     ] = None,
     batch_size: Annotated[int | None, typer.Option(help="Sentences per forward pass.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
@@ -278,8 +407,8 @@ def command(
     """Score models on STS12-16, STS-B and SICK-R (Spearman x100), beside their base encoder.
 
     Every option defaults to the key of the same name in the `evaluate` section of params.yaml.
-    Without the data: clone SentEval and run data/downstream/get_transfer_data.bash (see the
-    module docs for the layout).
+    Without the STS data: clone SentEval and run data/downstream/get_transfer_data.bash (see the
+    module docs for the layout); the demo profile then scores its own set (demo_test) alone.
     """
     overrides = {
         k: v for k, v in locals().items() if k in EvaluateConfig.model_fields and v is not None

@@ -30,6 +30,7 @@ Outputs: ``models/<objective>/model`` (a sentence-transformers folder, see train
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -113,6 +114,14 @@ class TrainConfig(StageConfig):
     eval_batch_size: int = Field(128, ge=1)
     sts_dir: str = Field(
         "$PAIRFORGE_SHARED_DATA/sts", description="STS data folder (dev sets); $VARS expand"
+    )
+    eval_fallback: list[str] = Field(
+        [],
+        description="dev tasks when the STS folder is absent (the demo: [demo_dev]); "
+        "empty: an absent folder stops the run with the command that fetches it",
+    )
+    demo_dir: str = Field(
+        "data/demo/eval", description="the demo evaluation set's folder (demo_dev, demo_test)"
     )
     log_every: int = Field(10, ge=1)
     threads: int = Field(-1, ge=-1, description="CPU threads for torch; -1: torch's default")
@@ -200,6 +209,37 @@ def inputs_hash(options: dict[str, Any]) -> dict[str, str]:
     return hashes
 
 
+def dev_sets(cfg: TrainConfig, settings):
+    """``settings`` with the dev tasks this run selects its checkpoint on: its ``eval_tasks``
+    when their folder is there, else ``cfg.eval_fallback`` (the trainer says which, once). An
+    absent STS folder without a fallback is a ConfigError with the command that fetches it."""
+    from pairforge.train import sts
+
+    if settings.eval_every == 0:
+        return settings
+    wanted = [task for task in settings.eval_tasks if task not in sts.DEMO_TASKS]
+    if not wanted or sts.find_data_folder(cfg.sts_dir) is not None:
+        return settings
+    if not cfg.eval_fallback:
+        sts.data_folder(cfg.sts_dir)  # raises: the folder, and how to get the data
+    return replace(settings, eval_tasks=tuple(cfg.eval_fallback))
+
+
+def dev_hash(settings) -> str | None:
+    """sha256 of the dev files the run selects on, so an edited dev set selects afresh."""
+    from pairforge.train import sts
+
+    if settings.eval_every == 0:
+        return None
+    digest = hashlib.sha256()
+    for task in settings.eval_tasks:
+        root = sts.task_folder(task, settings.sts_dir, settings.demo_dir)
+        for file in sts.task_files(root, task):
+            digest.update(task.encode())
+            digest.update(file.read_bytes() if file.is_file() else b"")
+    return digest.hexdigest()
+
+
 def fingerprint(settings, data_fingerprint: str) -> str:
     from dataclasses import asdict
 
@@ -208,6 +248,7 @@ def fingerprint(settings, data_fingerprint: str) -> str:
         "data": data_fingerprint,
         "code": code_hash(),
         "inputs": inputs_hash(settings.options),
+        "dev": dev_hash(settings),
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
@@ -219,13 +260,13 @@ def run(
     hooks: dict | None = None,
 ) -> dict:
     """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
-    from pairforge.pipeline.errors import ConfigError
+    from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError
     from pairforge.train import distributed as dist
     from pairforge.train.data import PairsSource
     from pairforge.train.loop import Trainer, quiet_transformers
     from pairforge.train.objectives import OBJECTIVES
     from pairforge.train.report import plot_training, write_csv
-    from pairforge.train.sts import DEV_TASKS, TASKS
+    from pairforge.train.sts import DEMO_TASKS, DEV_TASKS, TASKS
 
     objective = cfg.objective
     if objective not in OBJECTIVES:
@@ -238,12 +279,21 @@ def run(
             f"train.recipes: no objective {unknown}; known: {', '.join(sorted(OBJECTIVES))}"
         )
     settings = settings_for(cfg, forced=forced)
-    for task in settings.eval_tasks:
-        if task not in TASKS:
-            raise ConfigError(
-                f"train.eval_tasks: {task!r} is not a task; dev tasks: {', '.join(DEV_TASKS)}"
-            )
-    data_fingerprint = PairsSource(cfg.input).fingerprint
+    for key, tasks in (("eval_tasks", settings.eval_tasks), ("eval_fallback", cfg.eval_fallback)):
+        for task in tasks:
+            if task not in TASKS:
+                raise ConfigError(
+                    f"train.{key}: {task!r} is not a task; dev tasks: "
+                    f"{', '.join((*DEV_TASKS, *DEMO_TASKS))}"
+                )
+    try:
+        data_fingerprint = PairsSource(cfg.input).fingerprint
+    except IncompleteDatasetError as exc:
+        raise ConfigError(
+            f"train.input: {exc}; run the stage that writes it first: `pairforge sample` "
+            "(or `dvc repro sample`)"
+        ) from None
+    settings = dev_sets(cfg, settings)
     out = Path(cfg.output) / objective
     with quiet_transformers():
         result = Trainer(

@@ -81,13 +81,18 @@ def test_the_set_is_held_out_of_the_corpus_and_the_splits_share_no_sentence():
     assert leaked == []
 
 
-def test_ingest_does_not_read_the_eval_folder():
+def test_ingest_does_not_read_the_eval_folder_and_train_evaluate_depend_on_it():
     import yaml
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     inputs = params["ingest"]["inputs"]
     assert params["ingest"]["root"] == "data/demo"
     assert not any("eval" in pattern or "*" in pattern for pattern in inputs), inputs
+    assert params["train"]["demo_dir"] == params["evaluate"]["demo_data"] == "data/demo/eval"
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert "${train.demo_dir}" in stages["train"]["deps"]
+    assert "${evaluate.demo_data}" in stages["evaluate"]["deps"]
+    assert not any("demo" in str(dep) for dep in stages["ingest"]["deps"][1:])
 
 
 def test_task_folder_and_an_absent_sts_folder(tmp_path, monkeypatch):
