@@ -163,3 +163,23 @@ def test_combined_trains_through_the_trainer_from_its_recipe(
             pairs,
             recipes={"combined": {"options": {"weight": 1}}},
         )
+
+
+def test_the_profiles_hold_a_combined_recipe_beside_its_parts():
+    import yaml
+    from pairforge.pipeline.profiles import preset_path
+
+    for profile in ("demo", "paper"):
+        cfg = T.TrainConfig(**yaml.safe_load(preset_path(profile).read_text())["train"])
+        combined, debcse = T.settings_for(cfg, "combined"), T.settings_for(cfg, "debcse")
+        denosent = T.settings_for(cfg, "denosent")
+        # DebCSE's training settings and options, DenoSent's decoder: a like-for-like comparison.
+        assert (combined.batch_size, combined.lr, combined.eval_tasks) == (
+            debcse.batch_size,
+            debcse.lr,
+            debcse.eval_tasks,
+        )
+        assert {k: combined.options[k] for k in debcse.options} == debcse.options
+        for key in ("num_decoder_layers", "noise_dropout"):
+            assert combined.options[key] == denosent.options[key], (profile, key)
+        assert combined.options["denoising_weight"] == 1.0
