@@ -247,27 +247,40 @@ def _write_plots(history: list[dict[str, float]], data: Path, figure: Path) -> N
     data.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(data, buffer.getvalue().encode())
 
-    steps = [row["step"] for row in history]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, label in (("mlm", "encoder MLM (eq. 4)"), ("aux_mlm", "auxiliary MLM (eq. 5)")):
-        values = [row[key] for row in history]
-        line = ax.plot(steps, values, alpha=0.3)[0]
-        window = min(SMOOTHING, len(values))
-        smooth = [
-            sum(values[max(0, i - window + 1) : i + 1]) / (i - max(0, i - window + 1) + 1)
-            for i in range(len(values))
-        ]
-        ax.plot(steps, smooth, color=line.get_color(), label=f"{label}, {window}-step mean")
-    ax.set_xlabel("optimiser step")
-    ax.set_ylabel("cross-entropy")
-    ax.set_title("InfoCSE auxiliary network pre-training")
-    ax.legend()
-    fig.tight_layout()
+    fig = pretrain_figure(history)
     figure.parent.mkdir(parents=True, exist_ok=True)
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
     atomic_write_bytes(figure, png.getvalue())
+
+
+def pretrain_figure(history: list[dict[str, float]]):
+    """Both MLM losses per step (faint) and their moving means; a matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    steps = [row["step"] for row in history]
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    for key, label in (("mlm", "encoder MLM (eq. 4)"), ("aux_mlm", "auxiliary MLM (eq. 5)")):
+        values = [row[key] for row in history]
+        line = ax.plot(steps, values, alpha=0.3, lw=1, label=f"{label}, per step")[0]
+        window = min(SMOOTHING, len(values))
+        smooth = [
+            sum(values[max(0, i - window + 1) : i + 1]) / (i - max(0, i - window + 1) + 1)
+            for i in range(len(values))
+        ]
+        ax.plot(steps, smooth, color=line.get_color(), lw=1.8, label=f"{label}, {window}-step mean")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("masked-token cross-entropy")
+    ax.set_title("InfoCSE auxiliary network pre-training", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
 
 
 @cli_errors

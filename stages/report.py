@@ -32,6 +32,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.models import model_label
 from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json, open_dataset
 from pairforge.stages.mining import diagnostics as D
 from pairforge.stages.mining.inputs import encoder_info, load_vectors, open_embeddings
@@ -199,7 +200,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     plots.mkdir(parents=True, exist_ok=True)
     for measure, low, high, xlabel in (
         ("overlap", 0.0, 1.0, "lexical overlap (shared words / words of the longer sentence)"),
-        ("cos", -0.2, 1.0, f"cosine under {info.get('model')}"),
+        ("cos", -0.2, 1.0, f"cosine under {model_label(info.get('model'))}"),
     ):
         series = {
             f"{source}_{side}": measures[measure]

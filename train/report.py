@@ -41,41 +41,77 @@ def _save_figure(fig, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def plot_training(
-    path: Path, name: str, history: list[dict], dev: list[dict], dev_tasks: Sequence[str]
-) -> None:
-    """Loss, learning rate and throughput per step, and the dev scores, in one PNG."""
+def training_figure(name: str, history: list[dict], dev: list[dict], dev_tasks: Sequence[str]):
+    """The training figure (a matplotlib Figure): loss with the mean dev score on a second axis,
+    the dev score per task, the learning rate and the throughput, every axis labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(1, 4 if dev else 3, figsize=(16 if dev else 12, 3.2))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), layout="constrained")
+    (ax_loss, ax_dev), (ax_lr, ax_speed) = axes
     steps = [h["step"] for h in history]
-    series = [("loss", "training loss"), ("lr", "learning rate"), ("rows_per_s", "rows / s")]
-    for ax, (key, title) in zip(axes, series, strict=False):
-        ax.plot(steps, [h.get(key) for h in history], lw=1.2)
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
+    ax_loss.plot(steps, [h.get("loss") for h in history], lw=1.2, color="C0", label="training loss")
+    ax_loss.set_ylabel("training loss", color="C0")
+    ax_loss.set_title("loss and mean dev score", fontsize=10)
+    dev_steps = [d["step"] for d in dev]
     if dev:
-        ax = axes[3]
+        twin = ax_loss.twinx()  # Spearman x100 and a loss share no scale
+        twin.plot(
+            dev_steps,
+            [d["score"] for d in dev],
+            color="black",
+            lw=1.8,
+            marker="o",
+            ms=4,
+            label="mean dev Spearman x100",
+        )
+        twin.set_ylabel("mean dev Spearman x100")
+        handles = ax_loss.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+        ax_loss.legend(handles=handles, fontsize=8, loc="upper right")
         for task in dev_tasks:
-            ax.plot(
-                [d["step"] for d in dev],
-                [d[task] for d in dev],
+            ax_dev.plot(
+                dev_steps,
+                [d.get(task) for d in dev],
                 marker="o",
-                ms=3,
+                ms=4,
                 label=LABELS.get(task, task),
             )
-        ax.plot(
-            [d["step"] for d in dev], [d["score"] for d in dev], color="black", lw=2, label="mean"
-        )
-        ax.set_title("dev Spearman x100")
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
+        ax_dev.plot(dev_steps, [d["score"] for d in dev], color="black", lw=1.8, label="mean")
+        kept = max(dev, key=lambda d: d["score"])["step"]  # the checkpoint the trainer exports
+        for ax in (ax_dev, twin):
+            ax.axvline(kept, color="grey", ls=":", lw=1.2)
+        ax_dev.plot([], [], color="grey", ls=":", label=f"kept: step {kept}")
+        ax_dev.legend(fontsize=8, loc="best")
+    else:
+        ax_dev.text(0.5, 0.5, "no dev evaluation (eval_every: 0)", ha="center", va="center")
+    ax_dev.set_ylabel("dev Spearman x100")
+    ax_dev.set_title("dev score per task", fontsize=10)
+    ax_lr.plot(steps, [h.get("lr") for h in history], lw=1.2)
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_title("learning rate schedule", fontsize=10)
+    ax_speed.plot(steps, [h.get("rows_per_s") for h in history], lw=1.2)
+    ax_speed.set_ylabel("rows / second")
+    ax_speed.set_title("throughput", fontsize=10)
+    if dev:
+        ax_dev.set_xlim(ax_loss.get_xlim())  # the dev points on the same steps as the loss
+    for ax in axes.flat:
+        ax.set_xlabel("optimiser step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-    fig.suptitle(f"train: {name}")
+    fig.suptitle(f"train: {name}", fontsize=12)
+    return fig
+
+
+def plot_training(
+    path: Path, name: str, history: list[dict], dev: list[dict], dev_tasks: Sequence[str]
+) -> None:
+    """:func:`training_figure` as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = training_figure(name, history, dev, dev_tasks)
     _save_figure(fig, path)
     plt.close(fig)
 

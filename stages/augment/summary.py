@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import DataIntegrityError
@@ -74,26 +75,44 @@ def _mean(column) -> float:
 
 def plot_edit_ratio(output: str, routes: list[str], path: str) -> None:
     """PNG histogram of the character edit ratio to the source, one series per route."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     table = open_dataset(output, S.CANDIDATES).read_table([S.ROUTE, S.EDIT_RATIO])
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for route in routes:
-        values = table.filter(pc.equal(table[S.ROUTE], route))[S.EDIT_RATIO].to_numpy()
-        if len(values):
-            ax.hist(values, bins=40, range=(0, 1), alpha=0.5, label=f"{route} ({len(values)})")
-    ax.set_xlabel("character edit ratio to the source (0 = identical)")
-    ax.set_ylabel("candidates")
-    ax.set_title("backtranslate: how far candidates move from their source")
-    if table.num_rows:
-        ax.legend()
-    fig.tight_layout()
+    values = {
+        route: table.filter(pc.equal(table[S.ROUTE], route))[S.EDIT_RATIO].to_numpy()
+        for route in routes
+    }
+    fig = edit_ratio_figure(values)
+    import matplotlib.pyplot as plt  # after edit_ratio_figure chose the Agg backend
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
     tmp.replace(path)
+
+
+def edit_ratio_figure(values: dict[str, np.ndarray], bins: int = 40):
+    """Each route's edit ratios as a step histogram (fraction of its candidates per bin), so
+    routes of different sizes and overlapping shapes stay readable; a matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    for route, v in values.items():
+        v = np.asarray(v, dtype=np.float64)
+        if not v.size:
+            continue
+        counts, _ = np.histogram(np.clip(v, 0.0, 1.0), bins=edges)
+        line = ax.stairs(counts / v.size, edges, lw=1.6, label=f"{route} ({v.size:,} candidates)")
+        ax.stairs(counts / v.size, edges, fill=True, alpha=0.15, color=line.get_edgecolor())
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel("character edit ratio to the source (0 = identical)")
+    ax.set_ylabel(f"fraction of the route's candidates\n(bin width {1 / bins:.3g})")
+    ax.set_title("backtranslate: how far candidates move from their source", fontsize=11)
+    ax.grid(alpha=0.3)
+    if any(np.asarray(v).size for v in values.values()):
+        ax.legend(fontsize=9)
+    return fig

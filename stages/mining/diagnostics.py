@@ -7,7 +7,7 @@
 - ``histograms``: the fraction of pairs per bin for every (source, side) series, on common bins,
   as rows for a DVC plots CSV.
 - ``summary_rows`` / ``markdown_table``: the Table 1/4 style summary beside the paper's numbers.
-- ``plot``: the histograms as a two-panel PNG (positives, negatives), one line per source.
+- ``plot``: the histograms as a two-panel PNG (positives, negatives), one step outline per source.
 """
 
 from __future__ import annotations
@@ -76,12 +76,28 @@ def histograms(
     return centres, out
 
 
+# Every series of the DVC plots CSVs, in a fixed order: dvc.yaml declares them as the plot's
+# ``y``; a source not measured in a run (NLI without its data) is an empty column.
+SERIES = (
+    "mined_positive",
+    "mined_negative",
+    "simcse_positive",
+    "simcse_negative",
+    "nli_positive",
+    "nli_negative",
+)
+
+
 def csv_text(centres: np.ndarray, fractions: dict[str, np.ndarray]) -> str:
-    """A wide CSV: ``bin`` then one column per series (DVC plots reads it with ``x: bin``)."""
-    names = list(fractions)
-    lines = [",".join(["bin", *names])]
+    """A wide CSV: ``bin`` then one column per series of :data:`SERIES` (DVC plots reads it with
+    ``x: bin`` and those columns as ``y``), empty where a series was not measured."""
+    unknown = sorted(set(fractions) - set(SERIES))
+    if unknown:
+        raise ValueError(f"series {unknown} are not in SERIES {SERIES}")
+    lines = [",".join(["bin", *SERIES])]
     for i, c in enumerate(centres):
-        lines.append(",".join([f"{c:.4f}", *(f"{fractions[n][i]:.6f}" for n in names)]))
+        cells = [f"{fractions[n][i]:.6f}" if n in fractions else "" for n in SERIES]
+        lines.append(",".join([f"{c:.4f}", *cells]))
     return "\n".join(lines) + "\n"
 
 
@@ -140,28 +156,46 @@ def plot(
     high: float,
     title: str,
 ) -> None:
-    """Two panels (positive pairs, negative pairs), one histogram line per source."""
-    import matplotlib
+    """:func:`figure` as a PNG at ``path``."""
+    fig = figure(series, xlabel, bins, low, high, title)
+    import matplotlib.pyplot as plt  # after figure() chose the Agg backend
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    centres, fractions = histograms(series, bins, low, high)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, side in zip(axes, ("positive", "negative"), strict=True):
-        for name, frac in fractions.items():
-            source, s = name.rsplit("_", 1)
-            if s == side:
-                ax.plot(centres, frac, label=SOURCE_LABELS.get(source, source).split(" (")[0])
-        ax.set_title(f"{side} pairs")
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("fraction of pairs")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+def figure(
+    series: dict[str, np.ndarray], xlabel: str, bins: int, low: float, high: float, title: str
+):
+    """Two panels (positive pairs, negative pairs), each source's histogram as a step outline
+    over its bins (lightly filled), so overlapping sources stay visible; a matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    edges = np.linspace(low, high, bins + 1)
+    _, fractions = histograms(series, bins, low, high)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True, layout="constrained")
+    colours = {"mined": "C0", "simcse": "C1", "nli": "C2"}
+    for ax, side in zip(axes, ("positive", "negative"), strict=True):
+        for name, frac in fractions.items():
+            source, s = name.rsplit("_", 1)
+            if s != side:
+                continue
+            label = SOURCE_LABELS.get(source, source).split(" (")[0]
+            n = int(np.asarray(series[name]).size)
+            colour = colours.get(source)
+            ax.stairs(frac, edges, fill=True, alpha=0.18, color=colour)
+            ax.stairs(frac, edges, lw=1.6, color=colour, label=f"{label} ({n:,} pairs)")
+        ax.set_title(f"{side} pairs", fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(low, high)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0].set_ylabel(f"fraction of pairs per bin (bin width {(high - low) / bins:.3g})")
+    fig.suptitle(title, fontsize=11)
+    return fig
