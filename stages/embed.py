@@ -260,9 +260,20 @@ def _embed_dataset(
     )
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0
+    n_shards = len(source) if source is not None else 0
     if done is not None:
+        # Through the writer, which also removes a _progress/ that a kill between the manifest
+        # and its removal left behind.
+        DatasetWriter(
+            out,
+            S.embeddings_spec(done[ENCODER_KEY]["dim"], cfg.vector_dtype),
+            stage=STAGE,
+            params=params,
+            fingerprint=fp,
+            name=out,
+        ).close()
         log.info("embed: %s already embedded (%s)", name, out)
-        return done[ENCODER_KEY], {"rows": rows, "computed_rows": 0, "status": status}
+        return done[ENCODER_KEY], _dataset_metrics(rows, n_shards, status)
     info = known
     if info is None or (source is not None and rows):
         info = lazy.get().info()
@@ -274,7 +285,6 @@ def _embed_dataset(
         fingerprint=fp,
         name=out,
     )
-    n_shards = len(source) if source is not None else 0
     todo = [i for i in range(n_shards) if not writer.is_done(i)]
     todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
     bar = Progress(f"embed/{name}", total=todo_rows, unit="rows", enabled=progress)
@@ -303,13 +313,28 @@ def _embed_dataset(
             "embeds": {"path": str(source.path) if source else None, "id_column": id_column},
         },
     )
-    return info, {
+    return info, _dataset_metrics(rows, n_shards, status, todo_rows, len(todo), seconds, reused)
+
+
+def _dataset_metrics(
+    rows: int,
+    shards: int,
+    status: str,
+    computed_rows: int = 0,
+    computed_shards: int = 0,
+    seconds: float = 0.0,
+    reused: int = 0,
+) -> dict[str, Any]:
+    """One dataset's metrics; the same keys whether this run computed it or found it done."""
+    return {
         "rows": rows,
-        "computed_rows": todo_rows,
-        "shards": n_shards,
-        "computed_shards": len(todo),
+        "computed_rows": computed_rows,
+        "shards": shards,
+        "computed_shards": computed_shards,
         "seconds": round(seconds, 3),
-        "rows_per_second": round(todo_rows / seconds, 1) if seconds > 0 and todo_rows else None,
+        "rows_per_second": round(computed_rows / seconds, 1)
+        if seconds > 0 and computed_rows
+        else None,
         "reused_sentence_vectors": reused,
         "status": status,
     }

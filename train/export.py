@@ -60,6 +60,19 @@ def _pooling_config(dim: int, cls: bool) -> dict[str, Any]:
     }
 
 
+def _clear_call_state(tokenizer: Any) -> None:
+    """Drop the padding and truncation that the tokenizer's last call left in its Rust backend.
+
+    ``save_pretrained`` writes them into ``tokenizer.json``, so without this the file depends on
+    what the process happened to tokenize last (training at ``max_length``, or the evaluator at
+    another length after a resume). Every call sets them again, so nothing else changes.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        backend.no_truncation()
+        backend.no_padding()
+
+
 def _special_ends(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a single sentence."""
     probe = tokenizer("a", add_special_tokens=False)["input_ids"]
@@ -138,6 +151,7 @@ def export_model(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     encoder.save_pretrained(tmp)
+    _clear_call_state(tokenizer)
     tokenizer.save_pretrained(tmp)
     config = encoder.config
     dim = int(config.hidden_size)

@@ -109,3 +109,76 @@ def test_killed_run_resumes_to_the_same_weights(
     )
     assert info["step"] == ref_info["step"] and info["dev"]["score"] == ref_info["dev"]["score"]
     assert not (out / "checkpoints").exists()
+
+
+EXPORT_KILLER = r"""
+import json, os, signal, sys
+from pairforge.stages import train as T
+from pairforge.train import export
+
+cfg = T.TrainConfig(**json.loads(open(sys.argv[1]).read()))
+replace = os.replace
+
+def dying_replace(src, dst):
+    # The final model folder is complete under its temporary name; die before it takes its name.
+    if os.path.basename(str(dst)) == "model":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return replace(src, dst)
+
+export.os.replace = dying_replace
+T.run(cfg, progress=False)
+"""
+
+
+def _folder_bytes(folder):
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in ("README.md", "pairforge.json")
+    }
+
+
+def test_killed_during_the_final_export_resumes_to_the_same_folder(
+    tmp_path, tiny_sentences, tiny_model_dir, sts_dir
+):
+    """No dev evaluation: the model is exported at the end of the run; a kill inside that export
+    leaves the last checkpoint, and the resumed run (no training step left) must write the same
+    folder, tokenizer.json included (it used to keep the padding and truncation of whatever the
+    process tokenized last)."""
+    pairs = write_pairs(tmp_path / "pairs", pairs_rows(tiny_sentences * 2), rows_per_shard=5)
+    common = dict(max_steps=12, save_every=6, eval_every=0, buffer_size=6, lr=1e-3)
+    reference = config(tmp_path / "ref", tiny_model_dir, sts_dir, "simcse", pairs, **common)
+    T.run(reference, progress=False)
+
+    killed = config(tmp_path / "killed", tiny_model_dir, sts_dir, "simcse", pairs, **common)
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(killed.model_dump_json())
+    script = tmp_path / "export_killer.py"
+    script.write_text(EXPORT_KILLER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, str(script), str(cfg_file)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    out = tmp_path / "killed" / "models" / "simcse"
+    assert not (out / "model").exists()
+    assert "step-000012" in [p.name for p in (out / "checkpoints").iterdir()]
+
+    T.run(killed, progress=False)
+    expected = _folder_bytes(tmp_path / "ref" / "models" / "simcse" / "model")
+    got = _folder_bytes(out / "model")
+    assert sorted(got) == sorted(expected)
+    differ = [name for name in expected if got[name] != expected[name]]
+    assert not differ, f"differ after resuming the export: {differ}"
+    tokenizer = json.loads(got["tokenizer.json"])
+    assert tokenizer["truncation"] is None and tokenizer["padding"] is None
+    info = json.loads((out / "model" / "pairforge.json").read_text())
+    ref_info = json.loads(
+        (tmp_path / "ref" / "models" / "simcse" / "model" / "pairforge.json").read_text()
+    )
+    assert info["step"] == ref_info["step"] == 12
