@@ -27,11 +27,18 @@ def test_lexical_overlap_by_hand():
 
 
 def test_histograms_are_fractions_on_common_bins():
-    centres, fr = histograms({"a": np.array([0.0, 0.1, 0.95, 1.0]), "b": np.array([0.5])}, 10, 0, 1)
+    series = {"mined_positive": np.array([0.0, 0.1, 0.95, 1.0]), "mined_negative": np.array([0.5])}
+    centres, fr = histograms(series, 10, 0, 1)
+    a = fr["mined_positive"]
     assert centres.shape == (10,) and centres[0] == pytest.approx(0.05)
-    assert fr["a"].sum() == pytest.approx(1.0) and fr["a"][0] == 0.25 and fr["a"][-1] == 0.5
-    text = csv_text(centres, fr)
-    assert text.splitlines()[0] == "bin,a,b" and len(text.splitlines()) == 11
+    assert a.sum() == pytest.approx(1.0) and a[0] == 0.25 and a[-1] == 0.5
+    lines = csv_text(centres, fr).splitlines()
+    # Every series of SERIES is a column (the ones not measured are empty), as dvc.yaml declares.
+    assert (
+        lines[0]
+        == "bin,mined_positive,mined_negative,simcse_positive,simcse_negative,nli_positive,nli_negative"
+    )
+    assert len(lines) == 11 and lines[1].endswith(",0.000000,,,,")
 
 
 def _snli(folder):
