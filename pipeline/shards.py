@@ -59,6 +59,8 @@ DATA_DIR = "data"
 FAST_CHECKSUM = "xxh3_128"
 
 
+_PROCESS_START = time.monotonic()
+
 # Shards whose Arrow data is at most this size are encoded in memory before they are written.
 IN_MEMORY_SHARD_BYTES = 256 << 20
 
@@ -397,6 +399,12 @@ class DatasetWriter:
                 "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                # The cost of verifying this process's reads so far, against its run time.
+                "process_seconds": round(time.monotonic() - _PROCESS_START, 3),
+                "verified_reads": {
+                    k: round(v, 4) if isinstance(v, float) else v
+                    for k, v in verification_stats().items()
+                },
             },
         )
         atomic_write_json(self.path / MANIFEST, manifest)
@@ -438,6 +446,23 @@ RACY_SECONDS = 2.0
 def _identity(file: Path, expected: str) -> tuple:
     st = file.stat()
     return (str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, expected)
+
+
+# What verification cost this process: shards and bytes hashed, seconds spent hashing.
+_stats = {"shards": 0, "bytes": 0, "seconds": 0.0}
+
+
+def verification_stats() -> dict[str, float]:
+    """Shards and bytes this process hashed to verify reads, and the seconds it took."""
+    with _verified_guard:
+        return dict(_stats)
+
+
+def _count(size: int, seconds: float) -> None:
+    with _verified_guard:
+        _stats["shards"] += 1
+        _stats["bytes"] += size
+        _stats["seconds"] += seconds
 
 
 def _remember(identity: tuple) -> None:
@@ -498,10 +523,12 @@ def verified_shard_path(
     if identity in _verified:
         return file
     _check_size(file, shard, identity[3], label, stage)
+    start = time.perf_counter()
     digest = _hasher(algorithm)
     with open(file, "rb") as fh:
         while chunk := fh.read(1 << 22):
             digest.update(chunk)
+    _count(identity[3], time.perf_counter() - start)
     _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
     _remember(identity)
     return file
@@ -528,8 +555,10 @@ def read_verified_shard(
         _check_size(file, shard, identity[3], label, stage)
         data = file.read_bytes()
         _check_size(file, shard, len(data), label, stage)
+        start = time.perf_counter()
         digest = _hasher(algorithm)
         digest.update(data)
+        _count(len(data), time.perf_counter() - start)
         _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
         source = pa.BufferReader(pa.py_buffer(data))
     try:

@@ -66,6 +66,7 @@ def test_round_trip_and_manifest(tmp_path):
     assert "created_at" not in manifest
     run = json.loads(run_info_path(tmp_path / "ds").read_text())
     assert run["created_at"].endswith("Z") and run["finished_at"].endswith("Z") and run["host"]
+    assert set(run["verified_reads"]) == {"shards", "bytes", "seconds"}
     assert not (tmp_path / "ds" / "_progress").exists()
     assert shard_schema_name(ds.files[0]) == "sentences"
 
