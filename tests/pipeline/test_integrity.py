@@ -70,8 +70,8 @@ def table_of(spec: S.SchemaSpec, n: int, seed: int = 0) -> pa.Table:
     return pa.table({f.name: _values(f.type, n, rng) for f in spec.schema}, schema=spec.schema)
 
 
-def write(folder, spec, shards=2, rows=40) -> dict:
-    writer = DatasetWriter(folder, spec, stage="sample", params={}, fingerprint="f")
+def write(folder, spec, shards=2, rows=40, fingerprint="f") -> dict:
+    writer = DatasetWriter(folder, spec, stage="sample", params={}, fingerprint=fingerprint)
     for i in range(shards):
         writer.write(i, table_of(spec, rows, seed=i))
     return writer.finalize(shards)
@@ -283,3 +283,28 @@ def test_no_reader_bypasses_the_verified_read():
                 ):
                     offenders.append(f"{rel}:{node.lineno}: {ast.unparse(node)[:100]}")
     assert not offenders, "unverified dataset reads:\n" + "\n".join(offenders)
+
+
+def test_format_1_layout_is_still_read_and_rewritten_in_the_new_one(tmp_path):
+    """A dataset written before data/ (shards beside the manifest, sha256 only) reads as before;
+    a stage writing over it with another fingerprint leaves only the new layout."""
+    folder = tmp_path / "ds"
+    write(folder, S.SENTENCES)
+    path = folder / "_manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["format_version"] = 1
+    manifest["created_at"] = "2026-01-01T00:00:00Z"
+    for shard in manifest["shards"]:
+        del shard["xxh3_128"]
+        (folder / shard["file"]).rename(folder / shard["file"].removeprefix("data/"))
+        shard["file"] = shard["file"].removeprefix("data/")
+    (folder / "data").rmdir()
+    path.write_text(json.dumps(manifest))
+    old = open_dataset(folder, S.SENTENCES)
+    assert old.read_table().num_rows == 80 and verify_dataset(folder).ok
+    _flip(folder / "part-00001.parquet")
+    with pytest.raises(CorruptShardError, match="shard part-00001.parquet is corrupt .sha256"):
+        old.read_shard(1)
+    manifest = write(folder, S.SENTENCES, shards=1, fingerprint="new code")
+    assert sorted(p.name for p in folder.iterdir()) == ["_manifest.json", "data"]
+    assert manifest["format_version"] == 2 and verify_dataset(folder).ok
