@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -140,7 +141,7 @@ def load_sets(cfg: EvaluateConfig) -> tuple[dict, Path | None, list[str]]:
         skipped = wanted
         log.warning(
             "evaluate: no STS data at %s, so %s are not scored (only %s); to score them, %s",
-            cfg.data,
+            os.path.expandvars(cfg.data),
             ", ".join(sts.LABELS[t] for t in skipped),
             ", ".join(sts.LABELS[t] for t in cfg.tasks if t not in skipped),
             sts.DOWNLOAD,

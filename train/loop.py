@@ -329,7 +329,8 @@ class Trainer:
             # Said once, after the checks that fail a run, so that a failure stays one line.
             where = ", ".join(f"{sts.LABELS.get(t, t)} ({folder})" for t, folder in folders.items())
             if s.sts_dir and sts.find_data_folder(s.sts_dir) is None:
-                log.info("%s: no STS data at %s; dev sets: %s", self.label, s.sts_dir, where)
+                missing = os.path.expandvars(s.sts_dir)
+                log.info("%s: no STS data at %s; dev sets: %s", self.label, missing, where)
             else:
                 log.info("%s: dev sets: %s", self.label, where)
         return {
