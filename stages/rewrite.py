@@ -182,6 +182,7 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
     check_key_env(cfg.api_key_env)
     start = time.monotonic()
+    this_run: dict[str, int] = {}  # counts of the shards this run computed (log only)
     if not cfg.enabled:
         rewrites, quarantine = _writers(cfg, _fingerprint(cfg, None))
         extra = {"counts": {}, "enabled": False}
@@ -199,11 +200,14 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
                 progress=progress,
             )
             outputs = {"rewrites": rewrites, "rejected": quarantine}
+            done_before = {i for i in range(len(sentences)) if rewrites.is_done(i)}
             map_tables(fn, _tables(cfg, sentences, outputs), outputs, executor, STAGE, progress)
             counts: dict[str, int] = {}
-            for info in rewrites.finished_shards():
+            for i, info in enumerate(rewrites.finished_shards()):
                 for k, v in info.counts.items():
                     counts[k] = counts.get(k, 0) + v
+                    if i not in done_before:
+                        this_run[k] = this_run.get(k, 0) + v
             extra = {
                 "counts": counts,
                 "enabled": True,
@@ -217,19 +221,22 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(cfg.metrics), metrics)
     if cfg.enabled:
+        # The metrics describe the datasets (what they cost, whenever made); the log says what
+        # this run did: a rerun over finished datasets sends nothing.
         log.info(
-            "rewrite: %d sentences -> %d rewrites, %d quarantined (%s); %d requests sent, %d cache "
-            "hits; %d+%d tokens, $%.4f; %.1fs",
+            "rewrite: %d sentences -> %d rewrites, %d quarantined (%s); this run: %d requests "
+            "sent, %d cache hits, %.1fs; the datasets: %d requests, %d+%d tokens, $%.4f",
             metrics["rows_in"],
             metrics["rewritten"],
             metrics["rejected_total"],
             ", ".join(f"{k} {v}" for k, v in metrics["rejected"].items() if v) or "none",
+            this_run.get("requests", 0),
+            this_run.get("cache_hits", 0),
+            time.monotonic() - start,
             metrics["requests_sent"],
-            metrics["cache_hits"],
             metrics["tokens"]["prompt"],
             metrics["tokens"]["completion"],
             metrics["cost_usd"],
-            time.monotonic() - start,
         )
     else:
         log.info(

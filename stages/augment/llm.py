@@ -329,8 +329,24 @@ ENGLISH_STOPWORDS = frozenset(
         "some",
     ]
 )
+# Function words of the languages an English rewrite most often comes back in (French, German,
+# Spanish, Italian, Portuguese, Dutch), leaving out those that are also common English words
+# ("die", "den", "per", "van", "also", "a", "in", ...): a hit is evidence of another language.
+FOREIGN_FUNCTION_WORDS = frozenset(
+    """
+    le la les des du au aux est et une dans pour qui que pas sur avec ces cette sont nous vous
+    ils elle très mais ou où leur été être aussi dont chez
+    der das und ist nicht ein eine einen einem mit auf für sich dem von zu auch ich wir sie wird
+    werden sind nach bei sehr oder aber noch heute
+    el los las es y por para una del muy pero como está
+    il gli della che non è sono molto questo
+    não uma com
+    het een niet zijn ook maar dat voor
+    """.split()  # noqa: SIM905 - one line per language reads better than 92 quoted words
+)
 REASONS = (
     "empty",
+    "too_long",
     "multiline",
     "refusal",
     "identical",
@@ -372,18 +388,23 @@ def validate_rewrite(source: str, answer: str, v: Validation) -> tuple[str, str 
     """``(cleaned answer, reason or None)``. Reasons, tested in this order:
 
     - ``empty``: nothing left after cleaning;
+    - ``too_long``: more than ``max_length_ratio`` times the source's characters (a runaway or
+      padded answer; tested before everything that reads the answer's words);
     - ``multiline``: more than one non-empty line (an explanation, a list of options);
     - ``refusal``: starts like a refusal ("I'm sorry", "I can't", "As an AI", ...);
     - ``identical``: the source again (case, whitespace and final punctuation ignored);
     - ``wrong_language`` (``language: en``, for a source that is mostly ASCII letters): fewer
-      than ``min_ascii_letters`` of the letters are ASCII, or six or more words without a single
-      common English function word. A cheap heuristic, not language identification: it catches
-      an answer in another script or language, not subtle cases;
-    - ``bad_length``: answer/source characters outside [min_length_ratio, max_length_ratio].
+      than ``min_ascii_letters`` of the letters are ASCII (another script), or at least two
+      function words of French, German, Spanish, Italian, Portuguese or Dutch and more of them
+      than English ones. Evidence of another language, never the absence of English function
+      words (headline-like English has none). A cheap heuristic, not language identification;
+    - ``bad_length``: fewer than ``min_length_ratio`` times the source's characters.
     """
     out = clean_answer(answer)
     if not out:
         return out, "empty"
+    if len(out) > v.max_length_ratio * max(len(source), 1):
+        return out, "too_long"
     if len([line for line in out.splitlines() if line.strip()]) > 1:
         return out, "multiline"
     if _REFUSAL.match(out):
@@ -392,11 +413,10 @@ def validate_rewrite(source: str, answer: str, v: Validation) -> tuple[str, str 
         return out, "identical"
     if v.language == "en" and _ascii_letter_share(source) >= v.min_ascii_letters:
         words = re.findall(r"[^\W\d_]+", out.casefold())
-        if _ascii_letter_share(out) < v.min_ascii_letters or (
-            len(words) >= 6 and not ENGLISH_STOPWORDS.intersection(words)
-        ):
+        foreign = sum(w in FOREIGN_FUNCTION_WORDS for w in words)
+        english = sum(w in ENGLISH_STOPWORDS for w in words)
+        if _ascii_letter_share(out) < v.min_ascii_letters or (foreign >= 2 and foreign > english):
             return out, "wrong_language"
-    ratio = len(out) / max(len(source), 1)
-    if not v.min_length_ratio <= ratio <= v.max_length_ratio:
+    if len(out) < v.min_length_ratio * max(len(source), 1):
         return out, "bad_length"
     return out, None

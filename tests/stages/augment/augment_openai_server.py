@@ -25,7 +25,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 TRANSIENT = ("429", "500", "timeout", "malformed")
-CONTENT = ("empty", "refusal", "identical", "multiline", "wrong_language")
+CONTENT = ("empty", "refusal", "identical", "multiline", "wrong_language", "too_long")
+# A runaway answer of 1 MB, in another script: it must be quarantined as too long, not as the
+# wrong language (the length is tested first, before anything reads its words).
+RUNAWAY = "这是一个完全不同的句子，而且不是英语。" * 18_500
 PROMPT_PREFIX = "Rewrite: "
 
 
@@ -50,6 +53,7 @@ def faulty_answer(text: str, fault: str) -> str:
         "identical": text,
         "multiline": f"Here is a rewrite:\n{good_rewrite(text)}",
         "wrong_language": "这是一个完全不同的句子，而且不是英语。",
+        "too_long": RUNAWAY,
     }[fault]
 
 

@@ -24,6 +24,7 @@ CONTENT_REASON = {
     "identical": "identical",
     "multiline": "multiline",
     "wrong_language": "wrong_language",
+    "too_long": "too_long",
 }
 
 
