@@ -7,10 +7,11 @@ import functools
 import logging
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError, PairforgeError
 
 if TYPE_CHECKING:
     from pairforge.pipeline.runner import Executor
@@ -63,6 +64,31 @@ def setup_logging() -> None:
         logger.propagate = False
 
 
+def _writer_hint(exc: IncompleteDatasetError, params_path: str | None) -> str:
+    """``; the 'x' stage writes it: ...`` for a missing input dataset that a DVC stage of the
+    dvc.yaml beside the params file writes; empty when none does (or it was interrupted, which
+    the error already says how to finish)."""
+    from pairforge.pipeline.config import (
+        DVC_FILE,
+        PARAMS_FILE,
+        load_params,
+        stage_outputs,
+        writer_of,
+    )
+
+    if exc.path is None or (Path(exc.path) / "_progress").exists():
+        return ""
+    params_path = params_path or PARAMS_FILE
+    try:
+        params = load_params(params_path)
+    except ConfigError:
+        return ""
+    writer = writer_of(exc.path, stage_outputs(params, Path(params_path).parent / DVC_FILE))
+    if writer is None:
+        return ""
+    return f"; the {writer!r} stage writes it: run `pairforge {writer}` (or `dvc repro {writer}`)"
+
+
 def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn pairforge errors into one line on stderr: exit 2 for config, a corrupt shard or an
     output another writer holds (an error's ``exit_code``), 1 for other data errors."""
@@ -75,6 +101,9 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ConfigError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
+        except IncompleteDatasetError as exc:
+            typer.echo(f"error: {exc}{_writer_hint(exc, kwargs.get('params'))}", err=True)
+            raise typer.Exit(getattr(exc, "exit_code", 1)) from None
         except PairforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None

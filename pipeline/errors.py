@@ -12,7 +12,9 @@ class ConfigError(PairforgeError):
 
 
 class IncompleteDatasetError(PairforgeError):
-    """A dataset has no complete manifest (its stage did not finish)."""
+    """A dataset has no complete manifest (its stage did not finish); ``path``: its folder."""
+
+    path: str | None = None
 
 
 class DataIntegrityError(PairforgeError):

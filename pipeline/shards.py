@@ -424,7 +424,9 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
             why = "it has no _manifest.json"
         else:
             why = "the folder does not exist"
-        raise IncompleteDatasetError(f"dataset {str(path)!r} is not complete: {why}")
+        error = IncompleteDatasetError(f"dataset {str(path)!r} is not complete: {why}")
+        error.path = str(path)  # the CLI names the stage that writes it (pipeline/cli_options.py)
+        raise error
     try:
         return json.loads(manifest.read_text())
     except json.JSONDecodeError as exc:

@@ -190,3 +190,19 @@ def test_both_profiles_check_valid_offline():
         result = runner.invoke(app, ["profile", "check", name])
         assert result.exit_code == 0, result.output
         assert result.output.strip() == f"{name}: valid"
+
+
+def test_a_missing_input_dataset_names_the_stage_that_writes_it(tmp_path, monkeypatch):
+    demo_params(tmp_path)
+    done = run_cli(["embed"], cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: dataset 'data/sentences' is not complete: the folder does not exist; the "
+        "'ingest' stage writes it: run `pairforge ingest` (or `dvc repro ingest`)"
+    ]
+    # No dvc.yaml beside the params: nothing is known to write it, the error says only what.
+    (tmp_path / "dvc.yaml").unlink()
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["export"])
+    assert result.exit_code == 1
+    assert result.output.strip().endswith("is not complete: the folder does not exist")
