@@ -28,9 +28,10 @@ PROMPT = '"[X]" means [MASK].'  # DenoSent's template (train/objectives/denosent
 
 
 class ObjectiveOptions(BaseModel):
-    """Base of the option classes: unknown options are errors."""
+    """Base of the option classes: unknown options are errors, and values are checked as they
+    are (strict: no "0.05" string made a float), since the trainer passes them on unchanged."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SimCSEOptions(ObjectiveOptions):

@@ -52,3 +52,9 @@ def test_check_options_names_the_key_and_the_accepted_options():
         check_options("debcse", {"pooling": "mask"}, "options")
     with pytest.raises(ConfigError, match=r"^options.templates: 3 is not allowed; allowed values"):
         check_options("cotbert", {"templates": 3}, "options")
+    # Values are passed to the constructor unchanged, so none is converted here either.
+    with pytest.raises(ConfigError, match=r"^options.temperature: '0.1' is invalid"):
+        check_options("simcse", {"temperature": "0.1"}, "options")
+    with pytest.raises(ConfigError, match=r"^options.denoise: 1 is invalid"):
+        check_options("cotbert", {"denoise": 1}, "options")
+    assert check_options("simcse", {"temperature": 1}, "options").temperature == 1.0
