@@ -337,6 +337,9 @@ def _objective_metrics(summary: dict) -> dict:
         "rows_skipped": summary.get("rows_skipped"),
         "epochs_seen": summary.get("epochs_seen"),
         "mlm_head": (summary.get("load_report") or {}).get("mlm_head"),
+        # The pooling trained and exported, and the start model's (None: its folder names none).
+        "pooling": summary.get("pooling"),
+        "start_pooling": summary.get("start_pooling"),
     }
 
 

@@ -135,8 +135,9 @@ def test_debcse_from_a_mean_pooled_start_keeps_mean_and_normalize_and_logs_nothi
 ):
     cfg = config(tmp_path, st_mean_dir, sts_dir, "debcse", pairs, max_steps=6, eval_every=3)
     with caplog.at_level(logging.INFO, logger="pairforge"):
-        T.run(cfg, progress=False)
+        metrics = T.run(cfg, progress=False)["debcse"]
     assert changes(caplog) == []
+    assert (metrics["pooling"], metrics["start_pooling"]) == ("mean", "mean")
     model = tmp_path / "models" / "debcse" / "model"
     info = json.loads((model / "pairforge.json").read_text())
     assert (info["pooling"], info["normalize"], info["start_pooling"]) == ("mean", True, "mean")
