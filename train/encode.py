@@ -180,13 +180,25 @@ def _st_pooling(folder: Path, modules: list[dict[str, Any]]) -> tuple[str | None
     return None, max_length
 
 
+def _cached_hub_folder(spec: str) -> Path | None:
+    """The local hub cache's snapshot of the hub id ``spec``, or None when it is not cached (or
+    ``spec`` is no hub id). Never downloads: what a hub model declares is read where
+    ``from_pretrained`` will load it from."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(spec, local_files_only=True))
+    except Exception:  # not cached, not a valid repo id, no huggingface_hub: nothing declared
+        return None
+
+
 def describe_model(spec: str) -> dict[str, Any]:
     """How the evaluator encodes with the model ``spec``: pooling, prompt, max length, whether
     vectors are normalised, source.
 
     A folder exported by this project carries ``pairforge.json``; a sentence-transformers folder
-    its Pooling (and Normalize) module; anything else gets ``cls_before_pooler`` (SimCSE's
-    evaluation setting).
+    (a local one, or a hub id's snapshot in the local hub cache) its Pooling (and Normalize)
+    module; anything else gets ``cls_before_pooler`` (SimCSE's evaluation setting).
     """
     where = Path(resolve_model(spec))
     info_file = where / EXPORT_INFO
@@ -201,9 +213,10 @@ def describe_model(spec: str) -> dict[str, Any]:
             "from": "pairforge export",
             "info": info,
         }
+    folder = where if where.is_dir() else _cached_hub_folder(spec)
     found = (
-        st_modules(where)
-        if where.is_dir()
+        st_modules(folder)
+        if folder is not None
         else {"pooling": None, "max_length": None, "normalize": False}
     )
     if found["pooling"] is not None:

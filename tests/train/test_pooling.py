@@ -73,6 +73,25 @@ def test_the_start_models_pooling_and_normalize_are_read_from_its_folder(
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
+def test_a_hub_models_config_is_read_from_the_local_hub_cache(st_mean_dir, tmp_path, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--someone--tiny-st"
+    shutil.copytree(st_mean_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert start_model_vectors("someone/tiny-st") == {
+        "pooling": "mean",
+        "normalize": True,
+        "from": "sentence-transformers",
+    }
+    assert start_model_vectors("someone/not-cached")["pooling"] is None  # nothing downloaded
+
+
 @pytest.mark.parametrize(
     ("name", "paper_default", "options"),
     [
