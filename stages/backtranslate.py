@@ -33,8 +33,9 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_shards
-from pairforge.pipeline.shards import DatasetWriter, atomic_write_json, canonical_json, open_dataset
+from pairforge.pipeline.shards import DatasetWriter, canonical_json, open_dataset
 from pairforge.pipeline.version import source_hash
 from pairforge.stages.augment.cache import KeyValueCache, MemoryCache
 from pairforge.stages.augment.decoding import GREEDY, Decoding, Lengths
@@ -287,7 +288,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
     manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
     metrics = summarize(cfg.output, [r.name for r in cfg.routes], manifest, conversions)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     plot_edit_ratio(cfg.output, [r.name for r in cfg.routes], cfg.plot)
     t = metrics["translations"]
     log.info(

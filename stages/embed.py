@@ -27,13 +27,13 @@ import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import (
     MANIFEST,
     Dataset,
     DatasetWriter,
-    atomic_write_json,
     open_dataset,
 )
 from pairforge.stages.mining.inputs import (
@@ -390,7 +390,7 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         "rewrites": rw_metrics,
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     log.info(
         "embed: %d sentences, %d candidates (%s) and %d rewrites (%s), %d-d %s vectors",
         sent_metrics["rows"],

@@ -39,7 +39,8 @@ import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json
+from pairforge.pipeline.metrics import write_metrics
+from pairforge.pipeline.shards import atomic_write_bytes
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
@@ -281,7 +282,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
         },
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(report, _markdown(cfg, results, sts_table(results, tasks), metrics).encode())

@@ -37,13 +37,13 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pairforge.pipeline.runner import Executor, ShardResult, map_tables
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
-    atomic_write_json,
     canonical_json,
     open_dataset,
 )
@@ -446,7 +446,7 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     counts = json.loads((out / MANIFEST).read_text())["counts"]
     metrics = _metrics(counts, sentences, quarantine)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     log.info(
         "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
         metrics["rows_read"],

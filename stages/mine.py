@@ -34,8 +34,9 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
-from pairforge.pipeline.shards import Dataset, DatasetWriter, atomic_write_json, open_dataset
+from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
     fingerprint,
@@ -471,7 +472,7 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": round(time.monotonic() - t0, 3),
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     st = metrics["pool_size"]
     cov = metrics["band_coverage"]
     log.info(

@@ -28,10 +28,10 @@ from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.locks import writer_lock
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
 from pairforge.pipeline.shards import (
     atomic_write_bytes,
-    atomic_write_json,
     canonical_json,
     open_dataset,
 )
@@ -187,7 +187,7 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     history = read_history(out)
     metrics = _metrics(aux, history)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     _write_plots(history, Path(cfg.plot_data), Path(cfg.figure))
     log.info(
         "pretrain: %d steps over %d sentences (%.2f epochs) in %.0fs; MLM loss %.3f -> %.3f, "

@@ -32,8 +32,9 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import model_label
-from pairforge.pipeline.shards import atomic_write_bytes, atomic_write_json, open_dataset
+from pairforge.pipeline.shards import atomic_write_bytes, open_dataset
 from pairforge.stages.mining import diagnostics as D
 from pairforge.stages.mining.inputs import encoder_info, load_vectors, open_embeddings
 from pydantic import Field
@@ -255,7 +256,7 @@ SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard nega
         "seconds": round(time.monotonic() - t0, 3),
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     m = summary["mined"]
     log.info(
         "report: mined overlap %s / %s (positive / negative; paper 0.56 / 0.21), written to %s",

@@ -35,11 +35,11 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_tables
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
-    atomic_write_json,
     canonical_json,
     open_dataset,
 )
@@ -219,7 +219,7 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
     manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
     metrics = _metrics(cfg, manifest)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     if cfg.enabled:
         # The metrics describe the datasets (what they cost, whenever made); the log says what
         # this run did: a rerun over finished datasets sends nothing.

@@ -44,11 +44,11 @@ from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
 from pairforge.pipeline.locks import writer_lock
+from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import (
     DatasetWriter,
     atomic_write_bytes,
-    atomic_write_json,
     open_dataset,
 )
 from pairforge.stages.mining.card import (
@@ -301,7 +301,7 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         "seconds": round(time.monotonic() - t_start, 3),
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     ent = metrics["entropy_ratio"]["negative"]
     log.info(
         "sample: %d rows, %d negatives and %d positives sampled; P_neg entropy ratio mean %s "

@@ -39,7 +39,8 @@ import typer
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.shards import atomic_write_json, canonical_json
+from pairforge.pipeline.metrics import write_metrics
+from pairforge.pipeline.shards import canonical_json
 from pairforge.pipeline.version import ROOT
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -320,7 +321,7 @@ def run(
         settings.eval_tasks,
     )
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(cfg.metrics), metrics)
+    write_metrics(cfg.metrics, metrics, STAGE)
     return metrics
 
 
