@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -60,6 +61,29 @@ def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
     return data
 
 
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class an annotation holds: itself, or inside a list, dict or union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in reversed(typing.get_args(annotation)):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _model_at(model: type[BaseModel], path: list[Any]) -> type[BaseModel]:
+    """The (nested) model that the keys ``path`` lead to from ``model``, for naming the keys
+    allowed there; list indexes and mapping keys step into the element's model."""
+    current = model
+    for part in path:
+        field = current.model_fields.get(part) if isinstance(part, str) else None
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is not None:
+            current = inner
+    return current
+
+
 def _describe_error(section: str, model: type[BaseModel], exc: ValidationError) -> str:
     err = exc.errors()[0]
     # Union members add their type to the location (``literal['a','b']``, ``list[str]``); a key
@@ -69,7 +93,7 @@ def _describe_error(section: str, model: type[BaseModel], exc: ValidationError) 
     kind = err["type"]
     value = err.get("input")
     if kind == "extra_forbidden":
-        allowed = ", ".join(model.model_fields)
+        allowed = ", ".join(_model_at(model, keys[:-1]).model_fields)
         return f"{loc}: unknown key; allowed keys: {allowed}"
     if kind == "missing":
         return f"{loc}: required key is missing"

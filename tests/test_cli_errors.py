@@ -206,3 +206,23 @@ def test_a_missing_input_dataset_names_the_stage_that_writes_it(tmp_path, monkey
     result = runner.invoke(app, ["export"])
     assert result.exit_code == 1
     assert result.output.strip().endswith("is not complete: the folder does not exist")
+
+
+def test_an_unknown_nested_key_lists_the_keys_allowed_there(tmp_path):
+    params = demo_params(tmp_path)
+    params["train"]["recipes"]["debcse"]["lrr"] = 1e-5
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    result = check(tmp_path)
+    assert result.exit_code == 2
+    assert result.output.startswith(
+        "error: train.recipes.debcse.lrr: unknown key; allowed keys: batch_size, lr,"
+    )
+    assert "options" in result.output and "sts_dir" not in result.output
+    params = demo_params(tmp_path)
+    params["backtranslate"]["routes"][0]["pivot"] = "zh"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    result = check(tmp_path)
+    assert result.exit_code == 2
+    assert result.output.startswith(
+        "error: backtranslate.routes.0.pivot: unknown key; allowed keys: name, forward, backward,"
+    )
