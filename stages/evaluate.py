@@ -406,7 +406,7 @@ def command(
     params: ParamsOpt = "params.yaml",
     progress: ProgressOpt = True,
 ) -> None:
-    """Score models on STS12-16, STS-B and SICK-R (Spearman x100), beside their base encoder.
+    """Score models on the demo evaluation set and STS12-16, STS-B, SICK-R, beside their base.
 
     Every option defaults to the key of the same name in the `evaluate` section of params.yaml.
     Without the STS data: clone SentEval and run data/downstream/get_transfer_data.bash (see the
