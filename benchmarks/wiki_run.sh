@@ -28,9 +28,13 @@ p["ingest"].update(root=f"{shared}/corpus", inputs=["wiki1m_for_simcse.first1280
                    rows_per_shard=2000, chunk_rows=1000)
 p["sample"].update(corpus_name="SimCSE wiki1m (first 11,914 lines)", corpus_license="CC-BY-SA-3.0")
 p["pretrain"].update(steps=100, batch_size=32)
+# The STS data is required here: no fallback to the demo evaluation set, which is written for the
+# demo corpus (and its folder is relative to the repository, not to OUT).
 p["train"].update(batch_size=int(batch), max_steps=int(steps), eval_every=50, save_every=50,
-                  eval_max_pairs=500)
-p["evaluate"].update(max_pairs=None, baseline_poolings=["auto", "cls_before_pooler", "mask"])
+                  eval_max_pairs=500, eval_fallback=[])
+p["evaluate"].update(max_pairs=None, baseline_poolings=["auto", "cls_before_pooler", "mask"],
+                     tasks=["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"],
+                     sts_missing="error")
 yaml.safe_dump(p, open(out, "w"), sort_keys=False)
 PY
 
