@@ -60,8 +60,11 @@ def summary(name: str) -> str:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         return ""
-    with open(spec.origin, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
+    try:
+        with open(spec.origin, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return ""  # no source to read (a bytecode-only install): the listing shows the name only
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == attribute:
             return (ast.get_docstring(node) or "").split("\n\n")[0].replace("\n", " ")
