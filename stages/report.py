@@ -61,6 +61,9 @@ class ReportConfig(StageConfig):
     random_pairs: int = Field(2000, ge=1)
     max_pairs: int = Field(20000, ge=1, description="mined pairs per side, sampled")
     bins: int = Field(40, ge=5)
+    read_anchors: int = Field(
+        10, ge=0, description="anchors shown with their pairs and scores, for a person to read"
+    )
     seed: int = 0
     device: str = "auto"
     batch_size: int = Field(64, ge=1)
@@ -126,6 +129,44 @@ def _mined(cfg: ReportConfig, rng: np.random.Generator) -> dict[str, dict[str, n
             "cos": cos[pick].astype(np.float64),
         }
     return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def pairs_to_read(path: str, n: int, seed: int) -> str:
+    """A markdown section: ``n`` anchors (seeded, among those with a positive and a negative)
+    with every sampled positive and negative, its sampling probability P, cosine and edit
+    distance to the anchor, so that a person can judge the pairs, not only their averages."""
+    sides = ("positive", "negative")
+    cols = [S.TEXT] + [f"{side}_{c}" for side in sides for c in ("texts", "prob", "cos", "edit")]
+    table = open_dataset(path, S.PAIRS).read_table(cols)
+    has = np.ones(table.num_rows, dtype=bool)
+    for side in sides:
+        has &= pc.list_value_length(table[f"{side}_texts"]).to_numpy(zero_copy_only=False) > 0
+    rows = np.flatnonzero(has)
+    if not n or not rows.size:
+        return ""
+    # Its own generator: the diagnostics' draws stay what they were without this section.
+    pick = np.sort(np.random.default_rng([seed, 1]).choice(rows, min(n, rows.size), False))
+    parts = [
+        "## A sample of pairs to read",
+        "",
+        f"{len(pick)} anchors drawn at random (seed {seed}) from the {rows.size:,} with a "
+        "positive and a negative. `+`: sampled positive (an augmentation of the anchor), "
+        "`-`: sampled negative (another corpus sentence); P: its sampling probability within "
+        "its pool, cos: cosine to the anchor, edit: edit distance to the anchor.",
+    ]
+    for k, r in enumerate(pick.tolist(), 1):
+        row = table.slice(r, 1).to_pylist()[0]
+        parts += ["", f"**{k}.** {_cell(row[S.TEXT])}", "", "| | text | P | cos | edit |"]
+        parts.append("|---|---|---|---|---|")
+        for side, mark in (("positive", "+"), ("negative", "-")):
+            for j, text in enumerate(row[f"{side}_texts"]):
+                p, c, e = (row[f"{side}_{x}"][j] for x in ("prob", "cos", "edit"))
+                parts.append(f"| {mark} | {_cell(text)} | {p:.3f} | {c:.3f} | {e:.3f} |")
+    return "\n".join(parts) + "\n"
 
 
 def run(cfg: ReportConfig) -> dict[str, Any]:
@@ -245,7 +286,8 @@ SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard nega
 
 ![lexical overlap](mining_overlap.png)
 ![cosine](mining_cosine.png)
-"""
+
+{pairs_to_read(cfg.pairs, cfg.read_anchors, cfg.seed)}"""
     reports.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(reports / "mining.md", text.encode())
     metrics = {

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mining_helpers import copy_project, read_json
+from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.shards import open_dataset
 from pairforge.stages.embed import EmbedConfig
 from pairforge.stages.embed import run as embed
 from pairforge.stages.mine import MineConfig
@@ -161,3 +163,22 @@ def test_read_nli_shared_data(shared_data):
     pairs = read_nli(shared_data / "nli/snli_senteval", "dev")
     assert len(pairs["entailment"][0]) == 3329 and len(pairs["contradiction"][0]) == 3278
     assert not pairs["entailment"][0][0].endswith(" ")
+
+
+def test_report_shows_pairs_to_read(pipeline_project):
+    root = pipeline_project
+    run(_cfg(root, nli=None, simcse_pairs=0, read_anchors=4))
+    md = (root / "reports/mining.md").read_text()
+    section = md.split("## A sample of pairs to read", 1)[1]
+    pairs = open_dataset(root / "data/pairs", S.PAIRS).read_table().to_pylist()
+    by_text = {r[S.TEXT]: r for r in pairs}
+    anchors = [line.split("** ", 1)[1] for line in section.splitlines() if line.startswith("**")]
+    assert len(anchors) == 4 and len(set(anchors)) == 4
+    for anchor in anchors:  # every sampled item of the anchor, with its own scores
+        row = by_text[anchor]
+        for side, mark in (("positive", "+"), ("negative", "-")):
+            for j, text in enumerate(row[f"{side}_texts"]):
+                p, c, e = (row[f"{side}_{x}"][j] for x in ("prob", "cos", "edit"))
+                assert f"| {mark} | {text} | {p:.3f} | {c:.3f} | {e:.3f} |" in section
+    run(_cfg(root, nli=None, simcse_pairs=0, read_anchors=0))
+    assert "## A sample of pairs to read" not in (root / "reports/mining.md").read_text()
