@@ -292,7 +292,7 @@ def run(
         data_fingerprint = PairsSource(cfg.input).fingerprint
     except IncompleteDatasetError as exc:
         raise ConfigError(
-            f"train.input: {exc}; run the stage that writes it first: `pairforge sample` "
+            f"train.input: {exc}; the 'sample' stage writes it: run `pairforge sample` "
             "(or `dvc repro sample`)"
         ) from None
     settings = dev_sets(cfg, settings)

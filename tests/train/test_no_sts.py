@@ -120,7 +120,10 @@ def test_train_before_sample_names_the_stage_to_run(tmp_path, tiny_model_dir, st
     lines = result.output.strip().splitlines()
     assert len(lines) == 1, result.output
     assert lines[0].startswith("error: train.input: ")
-    assert "the folder does not exist" in lines[0] and "`pairforge sample`" in lines[0]
+    assert lines[0].endswith(
+        "is not complete: the folder does not exist; the 'sample' stage writes it: "
+        "run `pairforge sample` (or `dvc repro sample`)"
+    )
 
 
 def test_evaluate_without_sts_scores_the_demo_set_says_so_once_and_succeeds(
