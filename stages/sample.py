@@ -102,10 +102,11 @@ class SampleConfig(StageConfig):
     m_positive: int | None = Field(None, ge=1, description="positives per anchor; null: m")
     lambda_n: float = Field(0.8, ge=0.0, le=1.0, description="eq. 3 weight of semantics")
     lambda_p: float = Field(0.8, ge=0.0, le=1.0, description="eq. 5 weight of semantics")
-    ipw: Literal["paper", "calibrated"] = Field(
+    ipw: Literal["paper", "calibrated", "uniform"] = Field(
         "calibrated",
         description="paper: eqs. 1-6 as printed (near-uniform P); calibrated: one softmax over "
-        "z-scored edit and cosine at `temperature` (stages/mining/ipw.py)",
+        "z-scored edit and cosine at `temperature` (stages/mining/ipw.py); uniform: P = 1/n "
+        "within each pool, no debiasing (a control: the band alone decides)",
     )
     temperature: float = Field(
         0.5,
@@ -382,7 +383,10 @@ def command(
     lambda_p: Annotated[float | None, typer.Option(help="Eq. 5 weight of semantics (0-1).")] = None,
     ipw: Annotated[
         str | None,
-        typer.Option(help="paper (eqs. 1-6 as printed) or calibrated (z-scored scores, tau)."),
+        typer.Option(
+            help="paper (eqs. 1-6 as printed), calibrated (z-scored scores, tau) or uniform "
+            "(1/n within each pool, no debiasing)."
+        ),
     ] = None,
     temperature: Annotated[
         float | None,

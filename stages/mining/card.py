@@ -281,11 +281,11 @@ def sharpness_section(sharp: dict[str, Any]) -> str:
                 f"{_fmt(s['entropy_ratio']['mean'])} > {NEAR_UNIFORM}): P barely prefers any "
                 "candidate, so the debiasing does almost nothing."
             )
-    form = (
-        "the paper's eqs. 1-6 as printed"
-        if sharp["ipw"] == "paper"
-        else "calibrated: one softmax over z-scored edit and cosine"
-    )
+    form = {
+        "paper": "the paper's eqs. 1-6 as printed",
+        "calibrated": "calibrated: one softmax over z-scored edit and cosine",
+        "uniform": "uniform: 1/n within each pool, no debiasing (a control)",
+    }[sharp["ipw"]]
     verdict = "\n\n".join(notes) or (
         "Neither side is near-uniform (mean entropy ratio <= "
         f"{NEAR_UNIFORM} on both): P prefers the harder candidates by a real amount."

@@ -240,7 +240,8 @@ def _zscore(x: np.ndarray, lay: _Layout) -> np.ndarray:
     return np.where(flat[lay.seg], 0.0, dev / np.where(flat, 1.0, std)[lay.seg])
 
 
-IPW_FORMS: tuple[str, ...] = ("paper", "calibrated")
+# uniform: P = 1/n within each pool, the debiasing off (a control: the band alone decides).
+IPW_FORMS: tuple[str, ...] = ("paper", "calibrated", "uniform")
 
 
 def calibrated_probs(

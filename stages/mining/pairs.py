@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 from pairforge.stages.mining.ipw import (
+    IPW_FORMS,
     PoolSample,
     calibrated_probs,
     negative_probs,
@@ -59,17 +60,21 @@ def score_pools(
     """Scores of ragged pools: ``side`` is ``negative`` (eqs. 1-4, ``lam`` = λn) or ``positive``
     (eqs. 1, 2, 5, 6, ``lam`` = λp). ``ipw="paper"``: the equations as printed, ``temperature``
     dividing every softmax's logits (1 = paper). ``ipw="calibrated"``: P from z-scored edit and
-    cosine at temperature τ (``ipw.calibrated_probs``); ``s_sur``/``s_sem`` then stay eqs. 1-2 at
-    temperature 1, for the audit."""
-    if ipw not in ("paper", "calibrated"):
-        raise ValueError(f"ipw must be 'paper' or 'calibrated', got {ipw!r}")
+    cosine at temperature τ (``ipw.calibrated_probs``); ``ipw="uniform"``: P = 1/n within each
+    pool, the debiasing off (the band still chose the pool; benchmarks/quality.py's control).
+    For both, ``s_sur``/``s_sem`` stay eqs. 1-2 at temperature 1, for the audit."""
+    if ipw not in IPW_FORMS:
+        raise ValueError(f"ipw must be one of {', '.join(IPW_FORMS)}, got {ipw!r}")
     edit = np.asarray(edit, dtype=np.float64)
     cos = np.asarray(cos, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
     paper_t = temperature if ipw == "paper" else 1.0
     s_sur = surface_scores(edit, offsets, paper_t)  # eq. 1
     s_sem = semantic_scores(cos, offsets, paper_t)  # eq. 2
-    if ipw == "calibrated":
+    if ipw == "uniform":
+        sizes = np.diff(offsets)  # (n_pools,)
+        prob = np.repeat(1.0 / np.maximum(sizes, 1), sizes)  # (N,)
+    elif ipw == "calibrated":
         prob = calibrated_probs(edit, cos, offsets, side, lam, temperature)
     elif side == "negative":
         prob = negative_probs(edit, cos, offsets, lam, temperature)  # eqs. 3-4

@@ -617,3 +617,23 @@ def test_sharpness_is_reported_and_near_uniform_is_flagged(mined, sampled, tmp_p
     assert "NEAR-UNIFORM" not in card and "Neither side is near-uniform" in card
     # The same pools and seed: only P changed, and it now prefers lower-cosine negatives.
     assert metrics["scores"]["negative_cos"]["mean"] < paper["scores"]["negative_cos"]["mean"]
+
+
+def test_uniform_option_draws_with_equal_probability_within_each_pool(mined, tmp_path):
+    """ipw: uniform, the control of benchmarks/quality.py: P = 1/n of each pool, both sides."""
+    root = copy_project(mined, tmp_path)
+    metrics = run(_cfg(root, ipw="uniform"), progress=False)
+    sharp = metrics["sharpness"]
+    assert sharp["ipw"] == "uniform" and metrics["params"]["ipw"] == "uniform"
+    for side in ("negative", "positive"):
+        assert sharp[side]["entropy_ratio"]["mean"] == pytest.approx(1.0, abs=1e-9)
+    pairs = open_dataset(root / "data/pairs", S.PAIRS).read_table()
+    for side in ("negative", "positive"):
+        probs = pairs[f"{side}_prob"].to_pylist()
+        sizes = pairs[f"{side}_pool_size"].to_pylist()
+        drawn = [(p, n) for ps, n in zip(probs, sizes, strict=True) for p in ps]
+        assert drawn, side
+        assert all(p == pytest.approx(1.0 / n, rel=1e-6) for p, n in drawn), side
+    assert "uniform: 1/n within each pool" in (root / "data/pairs" / CARD).read_text()
+    with pytest.raises(Exception, match="ipw"):
+        _cfg(root, ipw="flat")
