@@ -357,7 +357,9 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     aug_facts: dict[str, Any] = {}
     rewrite_facts: dict[str, Any] = {}
     search_seconds = 0.0
-    if todo:
+    # Also with every shard done but no manifest (a kill in the finishing step): the facts the
+    # manifest records come from the index and the augmentations, as in an uninterrupted run.
+    if not writer.complete:
         vectors = load_vectors(embeddings, ids)
         index, index_facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
         log.info(
@@ -434,7 +436,17 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
     stable = {
         k: v for k, v in index_facts.items() if k not in ("build_seconds", "loaded_from_work")
     }
-    manifest = writer.finalize(len(sentences), extra={"index": stable} if stable else None)
+    # The facts of how the pools were made go in the manifest, and the metrics read them from
+    # there: a rerun that finds the pools finished writes the same metrics.
+    made = {
+        "augmentations": aug_facts,
+        "rewrites": rewrite_facts,
+        "band_sample": {k: np.asarray(v).tolist() for k, v in coverage_sample.items()},
+    }
+    manifest = writer.finalize(len(sentences), extra={"index": stable, **made} if stable else made)
+    coverage_sample = {
+        k: np.asarray(v, dtype=np.int64) for k, v in manifest.get("band_sample", {}).items()
+    }
     shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
     totals: dict[str, int] = {}
     for shard in manifest["shards"]:
@@ -464,8 +476,8 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         "short_after_fallback": totals.get("short", 0),
         "fallback_used": {f: totals.get(f"fallback_{f}", 0) for f in ("widen", "random")},
         "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
-        "augmentations": aug_facts,
-        "rewrites": rewrite_facts,
+        "augmentations": manifest.get("augmentations", {}),
+        "rewrites": manifest.get("rewrites", {}),
         "computed_shards": len(todo),
         "shards": len(sentences),
         "pool_seconds": round(search_seconds, 3),

@@ -3,6 +3,7 @@
     python -m tests.faults POINT -- pairforge-args...
 
 POINT is ``manifest:N`` (right after the N-th ``_manifest.json`` of the run is written),
+``premanifest:N`` (right before it is written: every shard finished, the dataset not),
 ``progress:N`` (right after the N-th ``_progress/`` folder is removed), ``work:N`` (right after
 the N-th ``_work/`` folder is removed) or ``metrics`` (right before the metrics file is written).
 The process ends with ``os._exit(137)``: no ``finally``, no atexit, like a kill. The injection is
@@ -28,7 +29,7 @@ def _die() -> None:
 def install(point: str) -> None:
     """Patch the write and remove functions the stages finish with, to die at ``point``."""
     kind, _, nth = point.partition(":")
-    if kind not in ("manifest", "progress", "work", "metrics"):
+    if kind not in ("manifest", "premanifest", "progress", "work", "metrics"):
         raise SystemExit(f"unknown fault point {point!r}")
     target = int(nth or 1)
     seen = {"manifest": 0, "progress": 0, "work": 0}
@@ -41,10 +42,13 @@ def install(point: str) -> None:
         path = Path(path)
         if kind == "metrics" and path.parent.name == "metrics":
             _die()
+        last = path.name == shards.MANIFEST and seen["manifest"] + 1 == target
+        if kind == "premanifest" and last:
+            _die()
         real_json(path, obj, *args, **kwargs)
         if path.name == shards.MANIFEST:
             seen["manifest"] += 1
-            if kind == "manifest" and seen["manifest"] == target:
+            if kind == "manifest" and last:
                 _die()
 
     real_rmtree = shutil.rmtree

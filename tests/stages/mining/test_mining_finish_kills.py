@@ -1,6 +1,6 @@
-"""Kill embed, mine and sample in their finishing step (after a manifest is written, after
-``_progress/`` or ``_work/`` is removed, before the metrics are written), run them again, and
-compare with an uninterrupted run: the same files with the same bytes, no ``_progress/`` or
+"""Kill embed, mine and sample in their finishing step (before and after a manifest is written,
+after ``_progress/`` or ``_work/`` is removed, before the metrics are written), run them again,
+and compare with an uninterrupted run: the same files with the same bytes, no ``_progress/`` or
 ``_work/`` left, and the same metrics apart from timings and this run's own work counts."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mining_helpers import (
     write_sentences,
 )
 from pairforge.pipeline.text import sentence_id
-from pairforge.pipeline.version import source_hash
+from pairforge.pipeline.version import source_hash as cached_source_hash
 
 from tests.conftest import ROOT, run_cli
 from tests.faults import KILLED
@@ -141,6 +141,11 @@ def _kill_at(root: Path, stage: str, point: str) -> subprocess.CompletedProcess:
 _REFERENCES: dict[tuple[str, str], dict] = {}
 
 
+def source_hash(stage: str) -> str:
+    """The stage's code version as a new process computes it (the function caches per process)."""
+    return cached_source_hash.__wrapped__(stage)
+
+
 def reference(project: Path, tmp_path_factory, stage: str) -> dict:
     """An uninterrupted run of ``stage`` with the code as it is now (cached per code version)."""
     key = (stage, source_hash(stage))
@@ -156,10 +161,17 @@ def reference(project: Path, tmp_path_factory, stage: str) -> dict:
 @pytest.mark.parametrize(
     ("stage", "point"),
     [
+        ("embed", "premanifest:3"),  # every shard of the last dataset done, no manifest yet
         ("embed", "manifest:1"),  # the sentences' manifest written, its _progress/ not removed
         ("embed", "progress:1"),
         ("embed", "manifest:3"),  # the last dataset's
         ("embed", "metrics"),
+        ("mine", "premanifest:1"),
+        ("mine", "manifest:1"),
+        ("mine", "progress:1"),
+        ("mine", "work:1"),
+        ("mine", "metrics"),
+        ("sample", "premanifest:1"),
         ("sample", "manifest:1"),
         ("sample", "progress:1"),
         ("sample", "metrics"),
