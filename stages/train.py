@@ -2,10 +2,11 @@
 
 One objective per run (``objective``), trained from the base ``model`` on the columns it reads
 from the pairs dataset (``input``, written by ``sample``):
-SimCSE ``text``; DebCSE ``text``, ``positive_texts``, ``negative_texts``; DenoSent ``text``,
-``positive_text``; BSL ``view1_text``, ``view2_text``; ``combined`` (DebCSE + DenoSent's denoising
-term) DebCSE's. A dataset without an objective's columns
-stops the stage before training with one line naming them.
+SimCSE ``text``; ``simcse_hn`` (SimCSE with mined hard negatives) ``text``, ``negative_texts``;
+DebCSE ``text``, ``positive_texts``, ``negative_texts``; DenoSent ``text``, ``positive_text``;
+BSL ``view1_text``, ``view2_text``; ``combined`` (DebCSE + DenoSent's denoising term) DebCSE's.
+A dataset without an objective's columns stops the stage before training with one line naming
+them.
 
 One objective per run keeps DVC's outputs exact (``models/${train.objective}``); train several
 with ``pairforge train -o simcse``, ``-o debcse``, ... or ``dvc exp run -S train.objective=bsl``:

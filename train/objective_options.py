@@ -39,6 +39,11 @@ class SimCSEOptions(ObjectiveOptions):
     pooling: TrainablePooling | None = None
 
 
+class SimCSEHardNegativesOptions(ObjectiveOptions):
+    temperature: float = Field(0.05, gt=0)
+    pooling: TrainablePooling | None = None
+
+
 class DebCSEOptions(ObjectiveOptions):
     temperature: float = Field(0.05, gt=0)
     positive_in_denominator: bool = True
@@ -100,6 +105,7 @@ class CombinedOptions(ObjectiveOptions):
 # objective name (``train.objective``, the key of ``train.recipes``) -> its options.
 OPTIONS: dict[str, type[ObjectiveOptions]] = {
     "simcse": SimCSEOptions,
+    "simcse_hn": SimCSEHardNegativesOptions,
     "debcse": DebCSEOptions,
     "denosent": DenoSentOptions,
     "bsl": BSLOptions,

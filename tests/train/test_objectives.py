@@ -43,6 +43,7 @@ from pairforge.train.objectives.denosent import (
 )
 from pairforge.train.objectives.infocse import InfoCSE
 from pairforge.train.objectives.simcse import SimCSE, SimCSEPooler, simcse_loss
+from pairforge.train.objectives.simcse_hn import SimCSEHardNegatives
 from torch import nn
 
 R = math.sqrt(2.0)  # cos = 1/√2 divided by τ = 0.5
@@ -464,6 +465,7 @@ def test_bsl_target_changes_only_through_the_ema_update(tiny_mlm, tiny_tokenizer
 def test_registry_maps_names_to_classes_and_columns():
     assert {
         "simcse": SimCSE,
+        "simcse_hn": SimCSEHardNegatives,
         "debcse": DebCSE,
         "denosent": DenoSent,
         "bsl": BSL,
@@ -473,6 +475,7 @@ def test_registry_maps_names_to_classes_and_columns():
     } == OBJECTIVES
     assert {
         "simcse": [columns.TEXT],
+        "simcse_hn": [columns.TEXT, columns.NEGATIVE_TEXTS],
         "debcse": [columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS],
         "denosent": [columns.TEXT, columns.POSITIVE_TEXT],
         "bsl": [columns.VIEW1_TEXT, columns.VIEW2_TEXT],
@@ -493,7 +496,7 @@ def test_check_columns_names_the_objective_and_the_missing_columns():
     assert columns.POSITIVE_TEXTS in message and columns.NEGATIVE_TEXTS in message
     with pytest.raises(
         ValueError,
-        match="known objectives: bsl, combined, cotbert, debcse, denosent, infocse, simcse",
+        match="known objectives: bsl, combined, cotbert, debcse, denosent, infocse, simcse, simcse_hn",
     ):
         check_columns("diffcse", ["text"])
 

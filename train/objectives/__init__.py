@@ -17,10 +17,20 @@ from pairforge.train.objectives.debcse import DebCSE
 from pairforge.train.objectives.denosent import DenoSent
 from pairforge.train.objectives.infocse import InfoCSE
 from pairforge.train.objectives.simcse import SimCSE
+from pairforge.train.objectives.simcse_hn import SimCSEHardNegatives
 
 OBJECTIVES: dict[str, type[Objective]] = {
     objective.name: objective
-    for objective in (SimCSE, DebCSE, DenoSent, BSL, InfoCSE, CoTBERT, Combined)
+    for objective in (
+        SimCSE,
+        SimCSEHardNegatives,
+        DebCSE,
+        DenoSent,
+        BSL,
+        InfoCSE,
+        CoTBERT,
+        Combined,
+    )
 }
 
 # Columns each objective reads, by objective name.
@@ -63,6 +73,7 @@ __all__ = [
     "InfoCSE",
     "Objective",
     "SimCSE",
+    "SimCSEHardNegatives",
     "check_columns",
     "columns",
     "get_objective",
