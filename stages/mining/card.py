@@ -112,6 +112,15 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _ipw_words(params: dict[str, Any]) -> str:
+    if params.get("ipw", "paper") == "calibrated":
+        return (
+            "in the calibrated form (one softmax over the pool's z-scored edit and cosine, "
+            f"temperature τ = {params.get('temperature')}; see the sharpness section)"
+        )
+    return f"eqs. 1-6 as printed, softmax temperature {params.get('temperature')} (1 = the paper)"
+
+
 def render_card(
     *,
     name: str,
@@ -165,9 +174,8 @@ Every score the sampler used is a column, so the sampling can be audited or redo
 4. **Scores**: `edit` = {"normalised" if params.get("edit_normalized") else "raw"}
    {params.get("edit_kind")}-level {params.get("edit_metric")} distance to the anchor; `cos` =
    cosine under the encoder; `s_sur`, `s_sem` = eqs. 1-2 (softmax over the pool); `prob` = P_neg
-   (λn = {params.get("lambda_n")}) or P_pos (λp = {params.get("lambda_p")}); softmax temperature
-   {params.get("temperature")} (1 = the paper). `<side>_entropy` = H(P) / log(pool size): 1 is
-   uniform sampling.
+   (λn = {params.get("lambda_n")}) or P_pos (λp = {params.get("lambda_p")}),
+   {_ipw_words(params)}. `<side>_entropy` = H(P) / log(pool size): 1 is uniform sampling.
 5. **Sampling**: m = {params.get("m")} negatives and {params.get("m_positive") or params.get("m")}
    positives per anchor without replacement, seed {params.get("seed")}; rows short of negatives:
    `{params.get("short")}`.
