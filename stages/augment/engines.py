@@ -13,7 +13,9 @@ texts per input under a ``Decoding``. Two engines implement it:
 Both tokenise and detokenise with the model's Hugging Face tokenizer and stop at ``max_new``
 output tokens; the transformers engine suppresses the pad token (Marian's decoder start token,
 which CTranslate2's conversion removes from the vocabulary), so a float32 CTranslate2 model and
-the transformers model give the same greedy output.
+the transformers model give the same greedy output. Neither engine samples: both hand their
+next-token logits to ``stages.augment.sampling``, which draws each row's token from the row's own
+seeded stream.
 
 Models are resolved and converted by ``stages.augment.modelfiles``.
 """
@@ -21,6 +23,7 @@ Models are resolved and converted by ``stages.augment.modelfiles``.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import warnings
@@ -31,6 +34,7 @@ from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.models import hub_kwargs
 from pairforge.stages.augment.decoding import Decoding
 from pairforge.stages.augment.modelfiles import ModelRef, convert_ctranslate2
+from pairforge.stages.augment.sampling import choose_tokens, row_seeds, uniforms_table
 
 log = logging.getLogger("pairforge")
 
@@ -119,8 +123,9 @@ class Translator(Protocol):
     def translate(
         self, batch: list[list[int]], decoding: Decoding, max_new: int, min_new: int, seed: int
     ) -> list[list[str]]:
-        """``decoding.n`` output texts per input of ``batch``. ``seed`` makes sampling
-        reproducible for this batch."""
+        """``decoding.n`` output texts per input of ``batch``. Sampled outputs depend on each
+        input's ids, the decoding and ``seed`` only, not on the rest of the batch
+        (``stages.augment.sampling``)."""
         ...
 
 
@@ -206,6 +211,14 @@ class TransformersTranslator(_MarianText):
         for row, ids in enumerate(batch):
             input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             attention[row, : len(ids)] = 1
+        n = decoding.n
+        processors = []
+        if decoding.stochastic:
+            # Greedy over logits this module's sampler has reduced to its pick: each row draws
+            # from its own stream (stages.augment.sampling), whatever else is in the batch.
+            input_ids = input_ids.repeat_interleave(n, dim=0)
+            attention = attention.repeat_interleave(n, dim=0)
+            processors.append(_SeededPick(row_seeds(seed, decoding, batch), max_new, decoding))
         config = GenerationConfig(
             decoder_start_token_id=self.config.decoder_start_token_id,
             eos_token_id=self.config.eos_token_id,
@@ -213,29 +226,48 @@ class TransformersTranslator(_MarianText):
             suppress_tokens=[self.pad_id],
             max_new_tokens=max_new,
             min_new_tokens=min_new or None,
-            do_sample=decoding.strategy == "sample",
+            do_sample=False,
             num_beams=decoding.beams if decoding.strategy == "beam" else 1,
-            num_return_sequences=decoding.n,
-            top_k=decoding.top_k if decoding.strategy == "sample" else None,
-            top_p=decoding.top_p if decoding.strategy == "sample" else None,
-            temperature=decoding.temperature if decoding.strategy == "sample" else None,
+            num_return_sequences=1 if decoding.stochastic else n,
             early_stopping=decoding.strategy == "beam",
         )
         device = self.settings.device
-        fork = torch.random.fork_rng(
-            devices=[torch.cuda.current_device()] if device == "cuda" else []
-        )
-        with fork, torch.inference_mode(), warnings.catch_warnings():
+        with torch.inference_mode(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=UserWarning)
-            torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
                 generation_config=config,
+                logits_processor=_processor_list(processors),
             )
         texts = self.decode(out.cpu().tolist())
-        n = decoding.n
         return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
+
+
+def _processor_list(processors: list):
+    from transformers import LogitsProcessorList
+
+    return LogitsProcessorList(processors)
+
+
+class _SeededPick:
+    """A logits processor that leaves only the token ``choose_tokens`` draws for each row, with
+    the row's own uniforms; greedy search then takes it. Rows are the inputs repeated ``n``
+    times, input-major, as ``row_seeds`` orders them."""
+
+    def __init__(self, seeds: list[int], steps: int, decoding: Decoding) -> None:
+        import torch
+
+        self.u = torch.from_numpy(uniforms_table(seeds, steps))  # (rows, steps)
+        self.decoding = decoding
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        step = input_ids.shape[1] - 1  # the decoder start token is position 0
+        picked = choose_tokens(scores, self.u[:, step], self.decoding).to(scores.device)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, picked.unsqueeze(1), 0.0)
 
 
 class CTranslate2Translator(_MarianText):
@@ -251,12 +283,24 @@ class CTranslate2Translator(_MarianText):
             intra_threads=settings.threads if settings.device == "cpu" else 0,
             inter_threads=1,
         )
+        self.vocabulary = _target_vocabulary(folder)
+        self.end_index = self.vocabulary.index(self.tokenizer.eos_token)
+
+    # Greedy tokens decoded past the sampled prefix per call of the sampler; their logits are
+    # used while the drawn tokens follow them (see ``_sample``).
+    window = 32
+
+    def _logits(self, view):
+        import numpy as np
+        import torch
+
+        if self.settings.device == "cuda":
+            return torch.as_tensor(view, device="cuda")
+        return torch.from_numpy(np.asarray(view))
 
     def translate(
         self, batch: list[list[int]], decoding: Decoding, max_new: int, min_new: int, seed: int
     ) -> list[list[str]]:
-        import ctranslate2
-
         if not batch:
             return []
         max_new, min_new = self.output_bounds(max_new, min_new)
@@ -271,22 +315,100 @@ class CTranslate2Translator(_MarianText):
         elif decoding.strategy == "beam":
             options.update(beam_size=decoding.beams)
         else:
-            # Best effort: CTranslate2's sampling does not follow this seed in its worker threads
-            # (CTranslate2 issue #1757), so its samples differ run to run; the cache keeps the
-            # samples of every finished batch, so a rerun or a resumed shard still reuses them.
-            ctranslate2.set_random_seed(seed)
-            options.update(
-                beam_size=1,
-                sampling_topk=decoding.top_k,
-                sampling_topp=decoding.top_p,
-                sampling_temperature=decoding.temperature,
-            )
+            return self._sample(batch, tokens, decoding, max_new, min_new, seed)
         results = self.translator.translate_batch(tokens, **options)
         out = []
         for result in results:
             hyps = [self.tokenizer.convert_tokens_to_ids(h) for h in result.hypotheses]
             out.append(self.decode(hyps))
         return out
+
+    def _sample(
+        self,
+        batch: list[list[int]],
+        tokens: list[list[str]],
+        decoding: Decoding,
+        max_new: int,
+        min_new: int,
+        seed: int,
+    ) -> list[list[str]]:
+        """Sampled decoding with this module's sampler: CTranslate2 computes the next-token
+        logits of every unfinished row given the tokens chosen so far (``target_prefix``) and
+        greedily decodes up to ``window`` tokens further; each position's token is drawn with
+        the row's own uniform, and the greedy continuation's logits serve the next positions
+        for as long as the drawn tokens equal the greedy ones (they are exact there)."""
+        import torch
+
+        n = decoding.n
+        sources = [t for t in tokens for _ in range(n)]  # (rows,) input-major
+        u = torch.from_numpy(uniforms_table(row_seeds(seed, decoding, batch), max_new))
+        chosen: list[list[str]] = [[] for _ in sources]
+        active = list(range(len(sources)))
+        while active:
+            longest = max(len(chosen[r]) for r in active)
+            results = self.translator.translate_batch(
+                [sources[r] for r in active],
+                target_prefix=[chosen[r] for r in active],
+                beam_size=1,
+                max_decoding_length=min(max_new, longest + self.window),
+                min_decoding_length=0,
+                return_logits_vocab=True,
+                return_end_token=True,
+            )
+            # Rows whose logits at their next position are in hand: (row, logits, greedy tokens).
+            pending = [
+                (r, res.logits[0], res.hypotheses[0])
+                for r, res in zip(active, results, strict=True)
+            ]
+            if any(len(logits) <= len(chosen[r]) for r, logits, _ in pending):
+                raise RuntimeError("CTranslate2 returned no logits past the target prefix")
+            active = []
+            while pending:
+                ready = [item for item in pending if len(chosen[item[0]]) < len(item[1])]
+                active += [item[0] for item in pending if len(chosen[item[0]]) >= len(item[1])]
+                if not ready:
+                    break
+                positions = [len(chosen[r]) for r, _, _ in ready]
+                scores = torch.stack(
+                    [
+                        self._logits(logits[p])
+                        for (_, logits, _), p in zip(ready, positions, strict=True)
+                    ]
+                )  # (rows, vocab)
+                early = torch.tensor(positions) < min_new
+                scores[early, self.end_index] = float("-inf")
+                rows = torch.tensor([r for r, _, _ in ready])
+                picks = choose_tokens(scores, u[rows, torch.tensor(positions)], decoding)
+                pending = []
+                for (r, logits, greedy), p, pick in zip(
+                    ready, positions, picks.tolist(), strict=True
+                ):
+                    if pick == self.end_index:
+                        continue
+                    token = self.vocabulary[pick]
+                    chosen[r].append(token)
+                    if p + 1 >= max_new:
+                        continue
+                    if p < len(greedy) and greedy[p] == token:
+                        pending.append((r, logits, greedy))  # the next logits are still exact
+                    else:
+                        active.append(r)
+            active.sort()
+        hyps = [self.tokenizer.convert_tokens_to_ids(c) for c in chosen]
+        texts = self.decode(hyps)
+        return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
+
+
+def _target_vocabulary(folder) -> list[str]:
+    """The converted model's target tokens in CTranslate2's index order."""
+    for name in ("target_vocabulary", "shared_vocabulary"):
+        path = folder / f"{name}.json"
+        if path.exists():
+            return json.loads(path.read_text(encoding="utf-8"))
+        path = folder / f"{name}.txt"
+        if path.exists():
+            return path.read_text(encoding="utf-8").split("\n")[:-1]
+    raise ConfigError(f"CTranslate2 model {folder} has no target vocabulary file")
 
 
 @functools.lru_cache(maxsize=16)

@@ -31,6 +31,7 @@ from pairforge.stages.augment.decoding import Decoding, Lengths
 from pairforge.stages.augment.engines import Translator, TranslatorPool
 from pairforge.stages.augment.noise import NoiseSettings, noise_kind, noise_variants
 from pairforge.stages.augment.quality import candidate_id, quality_signals
+from pairforge.stages.augment.sampling import SAMPLER
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,9 @@ def translate_texts(
     """``{text: [n outputs]}`` for every text, and the counts ``requested``, ``dedup_saved``,
     ``cache_hits`` and ``translated``.
 
-    A batch's sampling seed derives from ``seed`` and the batch's own texts, so the same batch
-    always samples the same outputs (which is what lets a resumed shard reproduce a clean run).
+    Sampled outputs depend on each text, the decoding and ``seed`` alone
+    (``stages.augment.sampling``), not on the batch a text lands in, so a resumed shard, a
+    rerun with another batch size or a corpus that shares texts samples the same outputs.
     """
     unique = list(dict.fromkeys(texts))
     base = {
@@ -86,6 +88,7 @@ def translate_texts(
     }
     if decoding.stochastic:
         base["seed"] = seed
+        base["sampler"] = SAMPLER
     keys = {t: cache_key({**base, "text": t}) for t in unique}
     hits = cache.get_many(keys.values()) if unique else {}
     results = {t: hits[keys[t]] for t in unique if keys[t] in hits}
@@ -114,7 +117,7 @@ def translate_texts(
                 decoding,
                 max_new=lengths.output_limit(longest),
                 min_new=lengths.min_length,
-                seed=_seed(seed, decoding.label(), *batch_texts),
+                seed=seed,
             )
             cache.put_many({keys[t]: out for t, out in zip(batch_texts, outputs, strict=True)})
             results.update(zip(batch_texts, outputs, strict=True))
