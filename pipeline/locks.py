@@ -185,4 +185,15 @@ def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path |
         release(output)
 
 
+@contextlib.contextmanager
+def writer_locks(*outputs: str | Path) -> Iterator[None]:
+    """Hold the writer locks of every output dataset of a stage for the ``with`` block: a stage
+    command takes them all before any work (loading a model, reading inputs), so a second run
+    is refused at once and never between two of the first run's outputs."""
+    with contextlib.ExitStack() as stack:
+        for output in outputs:
+            stack.enter_context(writer_lock(output, f"dataset {str(output)!r}"))
+        yield
+
+
 atexit.register(release_all)

@@ -33,6 +33,7 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_shards
 from pairforge.pipeline.shards import DatasetWriter, canonical_json, open_dataset
@@ -386,5 +387,5 @@ def command(
     cfg = stage_config(STAGE, BacktranslateConfig, params, overrides)
     if cfg.engine == "transformers" and cfg.compute_type.startswith("int8"):
         raise ConfigError("backtranslate.compute_type: int8 types need engine ctranslate2")
-    with executor(workers, scheduler) as ex:
+    with writer_locks(cfg.output), executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

@@ -27,6 +27,7 @@ import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
 from pairforge.pipeline.progress import Progress
@@ -444,4 +445,5 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in EmbedConfig.model_fields}
     cfg = stage_config(STAGE, EmbedConfig, params, overrides)
-    run(cfg, progress=progress)
+    with writer_locks(cfg.output, cfg.candidates_output, cfg.rewrites_output):
+        run(cfg, progress=progress)

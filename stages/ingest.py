@@ -37,6 +37,7 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
@@ -564,5 +565,5 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in IngestConfig.model_fields}
     cfg = stage_config(STAGE, IngestConfig, params, overrides)
-    with executor(workers, scheduler) as ex:
+    with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

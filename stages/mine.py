@@ -34,6 +34,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
@@ -571,4 +572,5 @@ def command(
     """
     overrides = {k_: v for k_, v in locals().items() if k_ in MineConfig.model_fields}
     cfg = stage_config(STAGE, MineConfig, params, overrides)
-    run(cfg, progress=progress)
+    with writer_locks(cfg.output):
+        run(cfg, progress=progress)

@@ -35,6 +35,7 @@ from pairforge.pipeline.cli_options import (
 )
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_tables
 from pairforge.pipeline.shards import (
@@ -354,5 +355,5 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in RewriteConfig.model_fields}
     cfg = stage_config(STAGE, RewriteConfig, params, overrides)
-    with executor(workers, scheduler) as ex:
+    with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

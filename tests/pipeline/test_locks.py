@@ -172,15 +172,27 @@ def test_two_runs_give_byte_identical_folders(tmp_path):
     assert run2["created_at"] != run1["created_at"] and run2["pid"] != run1["pid"]
 
 
-@pytest.mark.parametrize("stage", ["standin", "pretrain", "train"])
-def test_model_outputs_have_one_writer(tmp_path, stage):
-    """Stages that write a model folder (not a dataset) take the same lock, before any work."""
+@pytest.mark.parametrize(
+    ("stage", "key"),
+    [
+        ("standin", "output"),
+        ("pretrain", "output"),
+        ("train", "output"),
+        ("rewrite", "quarantine"),
+        ("embed", "candidates_output"),
+        ("mine", "output"),
+    ],
+)
+def test_every_output_has_one_writer_from_the_start(tmp_path, stage, key):
+    """Stages take the locks of all their outputs (datasets or model folders) before any work
+    (after their config checks): a run holding the second output of a stage refuses a second
+    run at once. (backtranslate checks its model folders first; ingest is tested above.)"""
     import yaml
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     section = params[stage]
-    output = tmp_path / section["output"]
+    output = tmp_path / section[key]
     if stage == "train":
         output = output / section["objective"]
     holder = _hold_lock_in_child(output)
