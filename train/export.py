@@ -147,8 +147,10 @@ def export_model(
     module last (unit-length vectors). Replaces ``folder`` if it exists.
     """
     folder = Path(folder)
+    # Temporaries of exports killed before their rename, whatever process wrote them.
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     encoder.save_pretrained(tmp)
     _clear_call_state(tokenizer)

@@ -37,7 +37,13 @@ from pairforge.pipeline.shards import atomic_write_json
 from pairforge.train import distributed as dist
 from pairforge.train import sts
 from pairforge.train.card import write_model_card
-from pairforge.train.checkpoint import CheckpointStore, rng_state, seed_everything, set_rng_state
+from pairforge.train.checkpoint import (
+    CHECKPOINTS,
+    CheckpointStore,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 from pairforge.train.data import Collator, PairsSource, RowStream
 from pairforge.train.encode import EXPORT_INFO, Embedder, describe_model
 from pairforge.train.export import export_model
@@ -223,6 +229,13 @@ class Trainer:
         if info.get("fingerprint") != self.fingerprint:
             return None
         return json.loads(history_file.read_text())
+
+    def _remove_leftovers(self) -> None:
+        """Remove what a kill after the run's last file (``history.json``) left behind: the
+        checkpoints and the best export's folder, which the finished run removes next. They are
+        cleared after that file, never before: without it a rerun resumes from them."""
+        shutil.rmtree(self.out / CHECKPOINTS, ignore_errors=True)
+        shutil.rmtree(self.out / BEST, ignore_errors=True)
 
     def _setup(self) -> None:
         s = self.settings
@@ -539,6 +552,8 @@ class Trainer:
     def _run(self) -> dict[str, Any]:
         finished = self._finished() if dist.is_main() else None
         if dist.broadcast_object(finished is not None):
+            if dist.is_main():
+                self._remove_leftovers()
             log.info(
                 "%s: %s is up to date (same fingerprint); not training again",
                 self.label,

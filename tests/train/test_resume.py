@@ -111,21 +111,31 @@ def test_killed_run_resumes_to_the_same_weights(
     assert not (out / "checkpoints").exists()
 
 
-EXPORT_KILLER = r"""
+FINISH_KILLER = r"""
 import json, os, signal, sys
 from pairforge.stages import train as T
-from pairforge.train import export
+from pairforge.train import export, loop
 
 cfg = T.TrainConfig(**json.loads(open(sys.argv[1]).read()))
-replace = os.replace
+point = sys.argv[2]
 
-def dying_replace(src, dst):
-    # The final model folder is complete under its temporary name; die before it takes its name.
-    if os.path.basename(str(dst)) == "model":
-        os.kill(os.getpid(), signal.SIGKILL)
-    return replace(src, dst)
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
 
-export.os.replace = dying_replace
+if point == "export":  # the final model folder complete under its temporary name
+    replace = os.replace
+    def dying_replace(src, dst):
+        if os.path.basename(str(dst)) == "model":
+            die()
+        return replace(src, dst)
+    export.os.replace = dying_replace
+elif point == "history":  # the model in place and history.json written; checkpoints not cleared
+    write = loop.atomic_write_json
+    def dying_write(path, obj, *args, **kwargs):
+        write(path, obj, *args, **kwargs)
+        if os.path.basename(str(path)) == "history.json":
+            die()
+    loop.atomic_write_json = dying_write
 T.run(cfg, progress=False)
 """
 
@@ -138,26 +148,28 @@ def _folder_bytes(folder):
     }
 
 
-def test_killed_during_the_final_export_resumes_to_the_same_folder(
-    tmp_path, tiny_sentences, tiny_model_dir, sts_dir
+@pytest.mark.parametrize(("point", "eval_every"), [("export", 0), ("history", 5)])
+def test_killed_in_the_finishing_step_resumes_to_the_same_folder(
+    point, eval_every, tmp_path, tiny_sentences, tiny_model_dir, sts_dir
 ):
-    """No dev evaluation: the model is exported at the end of the run; a kill inside that export
-    leaves the last checkpoint, and the resumed run (no training step left) must write the same
-    folder, tokenizer.json included (it used to keep the padding and truncation of whatever the
-    process tokenized last)."""
+    """``export``: no dev evaluation, so the model is exported at the end of the run; a kill
+    inside that export leaves the last checkpoint, and the resumed run (no training step left)
+    must write the same folder, tokenizer.json included (it used to keep the padding and
+    truncation of whatever the process tokenized last). ``history``: a kill after the run's last
+    file leaves its checkpoints, which the rerun removes without training again."""
     pairs = write_pairs(tmp_path / "pairs", pairs_rows(tiny_sentences * 2), rows_per_shard=5)
-    common = dict(max_steps=12, save_every=6, eval_every=0, buffer_size=6, lr=1e-3)
+    common = dict(max_steps=12, save_every=6, eval_every=eval_every, buffer_size=6, lr=1e-3)
     reference = config(tmp_path / "ref", tiny_model_dir, sts_dir, "simcse", pairs, **common)
     T.run(reference, progress=False)
 
     killed = config(tmp_path / "killed", tiny_model_dir, sts_dir, "simcse", pairs, **common)
     cfg_file = tmp_path / "cfg.json"
     cfg_file.write_text(killed.model_dump_json())
-    script = tmp_path / "export_killer.py"
-    script.write_text(EXPORT_KILLER)
+    script = tmp_path / "finish_killer.py"
+    script.write_text(FINISH_KILLER)
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     result = subprocess.run(
-        [sys.executable, str(script), str(cfg_file)],
+        [sys.executable, str(script), str(cfg_file), point],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -166,19 +178,19 @@ def test_killed_during_the_final_export_resumes_to_the_same_folder(
     )
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     out = tmp_path / "killed" / "models" / "simcse"
-    assert not (out / "model").exists()
     assert "step-000012" in [p.name for p in (out / "checkpoints").iterdir()]
+    assert (out / "model").exists() == (point == "history")
 
     T.run(killed, progress=False)
-    expected = _folder_bytes(tmp_path / "ref" / "models" / "simcse" / "model")
-    got = _folder_bytes(out / "model")
+    ref_out = tmp_path / "ref" / "models" / "simcse"
+    expected, got = _folder_bytes(ref_out / "model"), _folder_bytes(out / "model")
     assert sorted(got) == sorted(expected)
     differ = [name for name in expected if got[name] != expected[name]]
-    assert not differ, f"differ after resuming the export: {differ}"
+    assert not differ, f"differ after resuming the finishing step: {differ}"
     tokenizer = json.loads(got["tokenizer.json"])
     assert tokenizer["truncation"] is None and tokenizer["padding"] is None
     info = json.loads((out / "model" / "pairforge.json").read_text())
-    ref_info = json.loads(
-        (tmp_path / "ref" / "models" / "simcse" / "model" / "pairforge.json").read_text()
-    )
-    assert info["step"] == ref_info["step"] == 12
+    ref_info = json.loads((ref_out / "model" / "pairforge.json").read_text())
+    assert info["step"] == ref_info["step"]
+    assert losses(out) == losses(ref_out)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in ref_out.iterdir())
