@@ -254,6 +254,7 @@ class DatasetWriter:
         self.name = name or str(path)
         # Scratch datasets (a stage's intermediate work) are written fast: no compression, no fsync.
         self.write_options = {"compression": "none", "durable": False} if scratch else {}
+        self.scratch = scratch
         self.progress_dir = self.path / PROGRESS
         self._locked = False
         locks.acquire(self.path, f"dataset {self.name!r}")
@@ -351,6 +352,25 @@ class DatasetWriter:
             index += 1
         return infos
 
+    def _run_facts(self) -> dict[str, Any]:
+        """What the sidecar records of the run: run-specific, so never in the manifest."""
+        return {
+            "dataset": self.name,
+            "stage": self.stage,
+            "fingerprint": self.fingerprint,
+            "code_version": code_version(self.stage),
+            "created_at": self.created_at,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            # The cost of verifying this process's reads so far, against its run time.
+            "process_seconds": round(time.monotonic() - _PROCESS_START, 3),
+            "verified_reads": {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in verification_stats().items()
+            },
+        }
+
     def finalize(self, num_shards: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Check that shards 0..num_shards-1 are finished, then write the manifest (last)."""
         if self.complete:
@@ -387,26 +407,9 @@ class DatasetWriter:
             **(extra or {}),
         }
         # The sidecar first: a run killed between the two leaves an unfinished dataset, never
-        # a finished one without its run facts.
-        atomic_write_json(
-            run_info_path(self.path),
-            {
-                "dataset": self.name,
-                "stage": self.stage,
-                "fingerprint": self.fingerprint,
-                "code_version": code_version(self.stage),
-                "created_at": self.created_at,
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                # The cost of verifying this process's reads so far, against its run time.
-                "process_seconds": round(time.monotonic() - _PROCESS_START, 3),
-                "verified_reads": {
-                    k: round(v, 4) if isinstance(v, float) else v
-                    for k, v in verification_stats().items()
-                },
-            },
-        )
+        # a finished one without its run facts. Scratch datasets are removed by their stage.
+        if not self.scratch:
+            atomic_write_json(run_info_path(self.path), self._run_facts())
         atomic_write_json(self.path / MANIFEST, manifest)
         shutil.rmtree(self.progress_dir, ignore_errors=True)
         self.complete = True
