@@ -468,18 +468,19 @@ def export_command(
     ds = open_dataset(input, S.PAIRS)
     params = ds.manifest.get("params", {})
     m = m if m is not None else int(params.get("m", 2))
-    totals = write_export(
-        list(ds.iter_shards([S.TEXT, S.POSITIVE_TEXTS, S.NEGATIVE_TEXTS])),
-        Path(output),
-        format,  # type: ignore[arg-type]
-        m,
-        {
-            "name": params.get("corpus_name", "pairs"),
-            "license": params.get("corpus_license"),
-            "source": input,
-            "params": params,
-        },
-    )
+    with writer_lock(output, f"export output {output!r}"):
+        totals = write_export(
+            list(ds.iter_shards([S.TEXT, S.POSITIVE_TEXTS, S.NEGATIVE_TEXTS])),
+            Path(output),
+            format,  # type: ignore[arg-type]
+            m,
+            {
+                "name": params.get("corpus_name", "pairs"),
+                "license": params.get("corpus_license"),
+                "source": input,
+                "params": params,
+            },
+        )
     typer.echo(
         f"export: {totals.get('rows', 0):,} {format} rows from {totals.get('anchors', 0):,} anchors -> {output}"
     )

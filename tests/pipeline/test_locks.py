@@ -205,3 +205,24 @@ def test_every_output_has_one_writer_from_the_start(tmp_path, stage, key):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"another writer holds it (pid {holder.pid} " in errors[0]
     assert not output.exists()
+
+
+def test_export_output_has_one_writer(tmp_path):
+    from tests.pipeline.test_integrity import write
+
+    write(tmp_path / "pairs", S.PAIRS)
+    output = tmp_path / "export"
+    holder = _hold_lock_in_child(output)
+    try:
+        result = run_cli(["export", "--input", "pairs", "--output", "export"], cwd=tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert result.returncode == 2, result.stderr
+    assert f"error: export output 'export': another writer holds it (pid {holder.pid} " in (
+        result.stderr
+    )
+    assert not output.exists()
+    result = run_cli(["export", "--input", "pairs", "--output", "export"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (output / "README.md").exists() and not locks.lock_path(output).exists()
