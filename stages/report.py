@@ -318,6 +318,9 @@ def command(
     random_pairs: Annotated[int | None, typer.Option(help="Random sentence pairs.")] = None,
     max_pairs: Annotated[int | None, typer.Option(help="Mined pairs per side.")] = None,
     bins: Annotated[int | None, typer.Option(help="Histogram bins.")] = None,
+    read_anchors: Annotated[
+        int | None, typer.Option(help="Anchors shown with their pairs, for a person to read.")
+    ] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
