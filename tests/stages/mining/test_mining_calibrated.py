@@ -147,14 +147,14 @@ def test_a_repeated_text_is_one_candidate_drawn_no_more_often(ipw):
     texts = ["x1 w2 w3 w4", "X1  w2 w3 w4", "w1 x2 w3 w4", "x1 w2 w3 w4", "w1 w2 x3 w4"]
     pools, positives, corpus, ids, scorer = _one_anchor_shard(texts)
     drawn_a = 0
-    trials = 600
+    trials = 300
     for seed in range(trials):
         cfg = DrawParams(m=2, m_positive=1, ipw=ipw, temperature=0.5, seed=seed)
         table, counts, _ = sample_shard(pools, positives, corpus, ids, scorer, cfg, 0)
         row = table.to_pylist()[0]
         assert row["positive_pool_size"] == 3 and counts["repeated_positive_text"] == 2
         drawn_a += row[S.POSITIVE_TEXTS][0].lower().split() == ["x1", "w2", "w3", "w4"]
-    # Drawn per copy it would be 3/5; per distinct text it is 1/3 (binomial sd ~0.019).
+    # Drawn per copy it would be 3/5; per distinct text it is 1/3 (binomial sd ~0.027).
     assert abs(drawn_a / trials - 1 / 3) < 0.07
 
 
