@@ -359,6 +359,9 @@ class CTranslate2Translator(_MarianText):
             pending = [
                 (r, res.logits[0], res.hypotheses[0])
                 for r, res in zip(active, results, strict=True)
+                # CTranslate2 translates an empty source (only the end token) to nothing,
+                # greedy or sampled, and returns no logits for it.
+                if res.logits or chosen[r]
             ]
             if any(len(logits) <= len(chosen[r]) for r, logits, _ in pending):
                 raise RuntimeError("CTranslate2 returned no logits past the target prefix")

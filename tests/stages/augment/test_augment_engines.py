@@ -90,6 +90,8 @@ def test_sampling_and_beam_return_n_candidates_reproducibly(tiny_marian, corpus,
         assert any(len(set(o)) > 1 for o in first)  # samples differ
         assert translate_all(tr, texts, sample, seed=8) != first
         assert translate_all(tr, texts, sample, seed=7) == first
+        if engine == "ctranslate2":  # an empty source gives empty candidates, as greedy does
+            assert translate_all(tr, [""] + texts[:1], sample, seed=7) == [["", "", ""], first[0]]
         beams = translate_all(tr, texts, beam)
         assert all(len(o) == 2 for o in beams)
 

@@ -1,5 +1,6 @@
 """Kill `pairforge backtranslate` with SIGKILL mid-run; the resumed run must equal a clean run,
-sampled candidates included, without redoing finished shards. Also the CLI's one-line errors."""
+sampled candidates included, without redoing finished shards, on both engines (the slow test
+kills a CTranslate2 run at several points). Also the CLI's one-line errors."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from augment_helpers import make_sentences, write_params, write_sentences
 from pairforge.pipeline.cli import app
 from typer.testing import CliRunner
@@ -20,13 +22,15 @@ from tests.conftest import ROOT, run_cli
 runner = CliRunner()
 
 
-def make_project(path: Path, model: Path) -> Path:
-    write_sentences(path / "data/sentences", make_sentences(80, seed=21), rows_per_shard=20)
+def make_project(
+    path: Path, model: Path, engine: str = "transformers", sentences: int = 80
+) -> Path:
+    write_sentences(path / "data/sentences", make_sentences(sentences, seed=21), rows_per_shard=20)
     write_params(
         path / "params.yaml",
         {
             "backtranslate": {
-                "engine": "transformers",  # seeded sampling: a batch always samples alike
+                "engine": engine,
                 "compute_type": "float32",
                 "threads": 1,
                 "max_batch_tokens": 300,
@@ -100,6 +104,51 @@ def test_sigkill_mid_run_then_resume_equals_a_clean_run(tmp_path, tiny_marian):
     assert snapshot(killed) == expected
     metrics = json.loads((killed / "metrics/backtranslate.json").read_text())
     assert metrics["candidates_out"] == expected["rows"]
+
+
+@pytest.mark.slow
+def test_ctranslate2_sampling_killed_at_several_points_resumes_byte_identical(
+    tmp_path, tiny_marian
+):
+    """Sampled decoding on CTranslate2 (whose own sampler follows no per-call seed: its issue
+    #1757) killed with SIGKILL at several points, each resumed run killed again, then finished:
+    every shard's bytes equal an uninterrupted run's."""
+    clean = make_project(tmp_path / "clean", tiny_marian, "ctranslate2", sentences=120)
+    result = run_cli(["backtranslate", "--no-progress"], cwd=clean)
+    assert result.returncode == 0, result.stderr
+    expected = snapshot(clean)
+    assert expected["rows"] == 120 * 2 * 3
+
+    killed = make_project(tmp_path / "killed", tiny_marian, "ctranslate2", sentences=120)
+    progress = killed / "data/candidates/_progress"
+    env = {"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1", "PATH": "/usr/bin:/bin"}
+    kills = []
+    for delay in (0.0, 0.15, 0.4, 0.05, 0.25):
+        done = len(list(progress.glob("part-*.json"))) if progress.exists() else 0
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pairforge.pipeline.cli", "backtranslate", "--no-progress"],
+            cwd=killed,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # Kill once this run has finished a shard of its own, `delay` s into the next one.
+        deadline = time.monotonic() + 180
+        while proc.poll() is None and time.monotonic() < deadline:
+            if progress.exists() and len(list(progress.glob("part-*.json"))) > done:
+                break
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if proc.returncode != -signal.SIGKILL:
+            break  # this run finished first: nothing left to kill
+        assert not (killed / "data/candidates/_manifest.json").exists()
+        kills.append(len(list(progress.glob("part-*.json"))))
+    assert len(kills) >= 3, f"too few runs were killed mid-way: {kills}"
+    resumed = run_cli(["backtranslate", "--no-progress"], cwd=killed)
+    assert resumed.returncode == 0, resumed.stderr
+    assert snapshot(killed) == expected
 
 
 def test_cli_errors_are_one_line(tmp_path):
