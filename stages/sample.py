@@ -230,10 +230,12 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
     )
     todo = [i for i in range(len(pools)) if not writer.is_done(i)]
     edit_s, edit_pairs = 0.0, 0
-    backend, encode_s = None, None
+    backend, encode_s, compile_s, kernels = None, None, None, None
     if todo:
         scorer, positives = _scorer(cfg, texts, positives)
         backend, encode_s = scorer.backend, round(scorer.encode_seconds, 3)
+        kernels = scorer.kernels
+        compile_s = round(scorer.compile_seconds, 3) if scorer.compile_seconds is not None else None
         pos_rows = positives[S.ROW].to_numpy()
         corpus = ArrowTexts(texts)
         draw_params = DrawParams.of(cfg)
@@ -289,6 +291,10 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
             "metric": cfg.edit_metric,
             "backend": backend,  # the one used (null: every shard was already done)
             "encode_seconds": encode_s,  # once per run: word codes / integer codes
+            # numba: compiled now (a fresh install) or loaded from numba's cache, before any
+            # scoring, so never part of pairs_per_second (null: rapidfuzz, or nothing to do)
+            "kernels": kernels,
+            "compile_seconds": compile_s,
             "scoring_seconds": round(edit_s, 3),
             # Scoring of this run's shards: distances, eqs. 1-6 and the draws.
             "pairs_per_second": round(edit_pairs / edit_s) if edit_s > 0 else None,

@@ -5,6 +5,7 @@ sample stage gives the same distances on both backends, or falls back with a war
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pairforge.stages.mining.edits as edits
@@ -196,13 +197,66 @@ def test_scorer_backends_agree(kind, normalized, metric):
 
 
 def test_missing_numba_falls_back_with_a_warning(monkeypatch, caplog):
-    monkeypatch.setattr(edits, "_NUMBA_STATUS", ["ModuleNotFoundError: No module named 'numba'"])
+    reason = "ModuleNotFoundError: No module named 'numba'"
+    monkeypatch.setattr(edits, "_NUMBA_STATUS", {"reason": reason, "seconds": 0.0, "cache": None})
     with caplog.at_level(logging.WARNING, logger="pairforge"):
         scorer = edit_scorer(pa.array(CORPUS), pa.array(CANDS))
     assert scorer.backend == "rapidfuzz"
+    assert scorer.kernels is None and scorer.compile_seconds is None
     assert "numba backend is unavailable (ModuleNotFoundError" in caplog.text
     codes = EditCodes.from_strings(["ab"])
     with pytest.raises(RuntimeError, match="numba edit-distance backend is unavailable"):
         code_distances(codes, [0], codes, [0])
     with pytest.raises(ValueError, match="backend"):
         edit_scorer(pa.array(CORPUS), pa.array(CANDS), backend="cuda")
+
+
+# One process of the test below: prepare the kernels, then score with read-only row indices
+# (as the sample stage passes them from Arrow), and say what numba did.
+_KERNEL_PROCESS = """
+import json, numpy as np
+from pairforge.stages.mining.edits import EditCodes, code_distances, numba_kernels
+from pairforge.stages.mining.edit_kernels import pair_kernel
+facts = numba_kernels()
+codes = EditCodes.from_strings(["kitten", "sitting", "flaw", "lawn"])
+rows = np.arange(4)
+other = rows[::-1].copy()
+other.flags.writeable = False
+got = code_distances(codes, rows, codes, other, normalized=False).tolist()
+stats = pair_kernel.stats
+print(json.dumps({**facts, "got": got, "signatures": len(pair_kernel.signatures),
+                  "hits": sum(stats.cache_hits.values()),
+                  "misses": sum(stats.cache_misses.values()), "path": stats.cache_path}))
+"""
+
+
+def test_kernels_compile_once_and_later_processes_load_them(tmp_path):
+    """A fresh cache compiles one specialisation (read-only inputs accepted without a second
+    compilation); a second process loads it from the cache instead of compiling."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", _KERNEL_PROCESS],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    words = ["kitten", "sitting", "flaw", "lawn"]
+    want = [Levenshtein.distance(a, b) for a, b in zip(words, words[::-1], strict=True)]
+    assert first["got"] == second["got"] == want
+    assert (first["cache"], first["hits"], first["misses"]) == ("compiled", 0, 1)
+    assert (second["cache"], second["hits"], second["misses"]) == ("loaded", 1, 0)
+    assert first["signatures"] == second["signatures"] == 1
+    assert Path(first["path"]).is_relative_to(tmp_path / "numba")
+    saved = sorted(p.name for p in (tmp_path / "numba").rglob("edit_kernels.pair_kernel-*"))
+    assert [n.rsplit(".", 1)[-1] for n in saved] == ["nbc", "nbi"], saved

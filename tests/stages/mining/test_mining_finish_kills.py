@@ -51,6 +51,8 @@ RUN_KEYS = {
     "build_seconds",
     "loaded_from_work",
     "encode_seconds",
+    "compile_seconds",
+    "kernels",
     "scoring_seconds",
     "pairs_per_second",
     "backend",
