@@ -33,7 +33,7 @@ import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
 from pairforge.pipeline.config import StageConfig, stage_config
-from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pairforge")
 
 STAGE = "mine"
+GPU_MAX_K = 2048  # faiss's GPU k-selection limit
 AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
 
 
@@ -370,6 +371,13 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
             index_facts["build_seconds"],
         )
         k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
+        widest = (cfg.pool_cap or cfg.k) + 1
+        if index_facts["gpu"] and widest > GPU_MAX_K:
+            raise ConfigError(
+                f"mine.pool_cap: {cfg.pool_cap} needs {widest} neighbours per search, but faiss "
+                f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "
+                "or use_gpu: no"
+            )
         if index_facts["kind"] != "flat" and cfg.recall_sample:
             rk = min(cfg.k, len(vectors))
             index_facts["recall_at_k"] = round(

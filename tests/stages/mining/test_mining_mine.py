@@ -318,3 +318,19 @@ def test_anchor_batches_do_not_change_the_pools(project, tmp_path):
     assert (
         batched.manifest["fingerprint"] == whole.manifest["fingerprint"]
     )  # not a param of the result
+
+
+def test_pool_cap_beyond_faiss_gpu_k_is_a_clear_error(project, monkeypatch):
+    import pairforge.stages.mining.searcher as searcher_module
+    from pairforge.pipeline.errors import ConfigError
+
+    real = searcher_module.open_index
+
+    def on_gpu(*args, **kwargs):  # the index as faiss-gpu would report it
+        index, facts = real(*args, **kwargs)
+        return index, {**facts, "gpu": True}
+
+    monkeypatch.setattr(searcher_module, "open_index", on_gpu)  # mine imports it when it runs
+    with pytest.raises(ConfigError, match=r"mine.pool_cap: 4096 needs 4097 neighbours"):
+        run(_cfg(project, pool_cap=4096), progress=False)
+    assert run(_cfg(project, pool_cap=2047), progress=False)["pool_cap"] == 2047
