@@ -66,6 +66,18 @@ class EmbedConfig(StageConfig):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
     )
+    engine: Literal["transformers", "ctranslate2"] = Field(
+        "transformers",
+        description="transformers (torch, in dtype) or ctranslate2 (the model converted once at "
+        "compute_type; BERT-family encoders; docs/mine.md measures both)",
+    )
+    compute_type: Literal["int8", "int8_float32", "float32", "int8_float16", "float16"] = Field(
+        "int8", description="ctranslate2 engine: weight and compute precision (int8 on CPU)"
+    )
+    models_dir: str = Field(
+        ".cache/pairforge/ctranslate2",
+        description="ctranslate2 engine: conversions, one per model, revision and compute_type",
+    )
     device: str = Field("auto", description="auto (a GPU when one is visible), cpu, cuda, cuda:1")
     vector_dtype: Literal["float32", "float16"] = Field(
         "float32", description="stored vector components"
@@ -152,7 +164,7 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
 
 def _params(cfg: EmbedConfig) -> dict[str, Any]:
     # Device, batch size and threads change results only by float rounding: a run may resume
-    # elsewhere.
+    # elsewhere. compute_type matters only to the ctranslate2 engine.
     return cfg.model_dump(
         exclude={
             "device",
@@ -162,6 +174,8 @@ def _params(cfg: EmbedConfig) -> dict[str, Any]:
             "candidates_output",
             "rewrites_output",
             "metrics",
+            "models_dir",
+            *(() if cfg.engine == "ctranslate2" else ("compute_type",)),
         }
     )
 
@@ -187,13 +201,18 @@ class _LazyEncoder:
                 batch_size=cfg.batch_size,
                 prompt=cfg.prompt,
                 threads=cfg.threads,
+                engine=cfg.engine,
+                compute_type=cfg.compute_type,
+                models_dir=cfg.models_dir,
             )
             log.info(
-                "embed: %s, %s pooling, %d-d, on %s",
+                "embed: %s, %s pooling, %d-d, on %s (%s%s)",
                 cfg.model,
                 cfg.pooling,
                 self.encoder.dim,
                 self.encoder.device,
+                cfg.engine,
+                f", {cfg.compute_type}" if cfg.engine == "ctranslate2" else "",
             )
         return self.encoder
 
@@ -381,7 +400,17 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
     dim, dtype = embeddings_layout(cfg.output)
     metrics = {
         "encoder": {
-            k: info.get(k) for k in ("model", "pooling", "prompt", "max_length", "dtype", "dim")
+            k: info.get(k)
+            for k in (
+                "model",
+                "pooling",
+                "prompt",
+                "max_length",
+                "dtype",
+                "dim",
+                "engine",
+                "compute_type",
+            )
         },
         "device": lazy.encoder.device if lazy.encoder is not None else info.get("device"),
         "vector_dtype": dtype,
@@ -420,6 +449,16 @@ def command(
         str | None, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")
     ] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
+    engine: Annotated[
+        str | None, typer.Option(help="transformers or ctranslate2 (converted, int8 on CPU).")
+    ] = None,
+    compute_type: Annotated[
+        str | None,
+        typer.Option(help="ctranslate2: int8, int8_float32, float32, int8_float16, float16."),
+    ] = None,
+    models_dir: Annotated[
+        str | None, typer.Option(help="ctranslate2: folder of the converted models.")
+    ] = None,
     vector_dtype: Annotated[
         str | None, typer.Option(help="Stored components: float32 or float16.")
     ] = None,

@@ -133,7 +133,7 @@ def convert_ctranslate2(ref: ModelRef, quantization: str, models_dir: str) -> tu
             return target, False
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        log.info("backtranslate: converting %s to CTranslate2 (%s)", ref.spec, quantization)
+        log.info("converting %s to CTranslate2 (%s), once: %s", ref.spec, quantization, target)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
