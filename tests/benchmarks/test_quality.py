@@ -1,0 +1,122 @@
+"""The quality benchmark's table arithmetic (benchmarks/quality.py) on fixture score files:
+mean and sample sd over seeds, the paired difference to SimCSE seed by seed, the targets and
+the markdown. No training here: the benchmark's runs take minutes each."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "quality_benchmark", Path(__file__).resolve().parents[2] / "benchmarks/quality.py"
+)
+quality = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = quality  # dataclasses look their module up there
+SPEC.loader.exec_module(quality)
+
+
+def record(row: str, seed: int, avg: float, start: str = "cls", best: int = 100) -> dict:
+    """A scores.json whose 7 tasks average to ``avg`` (task t scores avg + offset_t)."""
+    offsets = [-3, -2, -1, 0, 1, 2, 3]
+    return {
+        "row": row,
+        "start": start,
+        "seed": seed,
+        "scores": {t: avg + o for t, o in zip(quality.TASKS, offsets, strict=True)},
+        "avg": avg,
+        "best_step": best,
+        "steps": 500,
+        "train_seconds": 60.0 * seed,
+    }
+
+
+@pytest.fixture
+def records(tmp_path) -> list[dict]:
+    rows = [
+        record("simcse", 1, 75.0),
+        record("simcse", 2, 76.0),
+        record("simcse", 3, 77.0),
+        record("ipw_calibrated", 1, 76.5),
+        record("ipw_calibrated", 2, 78.0),
+        record("ipw_calibrated", 3, 78.5, best=480),  # the best dev step late: flagged
+        record("peer", 1, 75.5),
+        record("peer", 2, 76.0),
+        record("peer", 3, 76.5),
+        record("uniform", 1, 76.0),
+        record("uniform", 2, 77.0),
+        record("debcse", 1, 77.0),
+        record("debcse", 3, 77.5),  # no seed 2: paired on seeds 1 and 3 only
+        record("simcse", 1, 79.0, start="mean"),
+        record("peer", 1, 78.0, start="mean"),
+    ]
+    # Through real files, as the benchmark reads them.
+    for i, r in enumerate(rows):
+        (tmp_path / f"{i}.json").write_text(json.dumps(r))
+    return [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(len(rows))]
+
+
+def test_mean_sd_and_paired_differences(records):
+    summary = quality.summarize(records)
+    by = {(s["row"], s["start"]): s for s in summary}
+    # ROWS order, then start.
+    assert [(s["row"], s["start"]) for s in summary] == [
+        ("simcse", "cls"), ("simcse", "mean"), ("peer", "cls"), ("peer", "mean"),
+        ("uniform", "cls"), ("ipw_calibrated", "cls"), ("debcse", "cls"),
+    ]  # fmt: skip
+    simcse = by["simcse", "cls"]
+    assert simcse["seeds"] == [1, 2, 3]
+    assert simcse["avg"] == pytest.approx((76.0, 1.0))  # sd of 75, 76, 77 with n - 1
+    assert simcse["tasks"]["sts12"] == pytest.approx((73.0, 1.0))
+    assert simcse["diff"]["per_seed"] == [0.0, 0.0, 0.0]
+
+    cal = by["ipw_calibrated", "cls"]
+    assert cal["avg"][0] == pytest.approx(77.666666, abs=1e-5)
+    assert cal["avg"][1] == pytest.approx(math.sqrt(((76.5 - 77.6667) ** 2 + (78 - 77.6667) ** 2
+                                                     + (78.5 - 77.6667) ** 2) / 2), abs=1e-3)  # fmt: skip
+    # Per seed: 1.5, 2.0, 1.5 -> mean 5/3, sd of the differences (not of the rows).
+    assert cal["diff"]["per_seed"] == pytest.approx([1.5, 2.0, 1.5])
+    assert cal["diff"]["mean"] == pytest.approx(5 / 3)
+    assert cal["diff"]["sd"] == pytest.approx(math.sqrt(1 / 12), rel=1e-9)
+    assert cal["late_best"] == [3]
+
+    debcse = by["debcse", "cls"]
+    assert debcse["diff"]["seeds"] == [1, 3]
+    assert debcse["diff"]["per_seed"] == pytest.approx([2.0, 0.5])
+    # One seed: a mean without an sd; the mean start pairs with SimCSE's mean start only.
+    peer_mean = by["peer", "mean"]
+    assert peer_mean["avg"] == (78.0, None)
+    assert peer_mean["diff"]["per_seed"] == pytest.approx([-1.0])
+    assert peer_mean["diff"]["sd"] is None
+
+
+def test_targets_say_met_not_met_and_not_run(records):
+    verdicts = dict(quality.targets(quality.summarize(records), "cls"))
+    over_peer = verdicts["calibrated IPW > peer by more than either row's seed sd (cls)"]
+    # 77.67 - 76.0 = 1.67 > max(sd 1.04, sd 0.5)
+    assert over_peer.startswith("met: +1.67 vs sd 1.04")
+    over_uniform = verdicts["calibrated IPW > uniform by more than either row's seed sd (cls)"]
+    # 77.67 - 76.5 = 1.17 against max(1.04, the sd of 76 and 77: 0.71)
+    assert over_uniform == "met: +1.17 vs sd 1.04"
+    assert verdicts["DebCSE >= SimCSE + 1.0 (cls)"] == "met: +1.25"
+    assert verdicts["combined >= the best single objective (cls)"] == "not run"
+    mean = dict(quality.targets(quality.summarize(records), "mean"))
+    assert mean["DebCSE >= SimCSE + 1.0 (mean)"] == "not run"
+
+
+def test_markdown_lists_every_row_with_its_spread(records):
+    untrained = {"cls": {t: 70.0 for t in (*quality.TASKS, "avg")}}
+    settings = {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25, "dev_pairs": None,
+                "test_pairs": None}  # fmt: skip
+    text = quality.markdown(quality.summarize(records), untrained, settings)
+    lines = text.splitlines()
+    assert lines[0].startswith("| row | start | seeds | STS12 |")
+    assert "| MiniLM, untrained | cls |" in lines[2]
+    cal = next(line for line in lines if line.startswith("| + negatives by IPW, calibrated"))
+    assert "**77.67 ± 1.04**" in cal and "| 1.67 ± 0.29 |" in cal
+    assert "500 steps x 64 rows" in text and "(all pairs each)" in text
+    assert "ipw_calibrated/cls seeds [3]" in text
