@@ -283,24 +283,24 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     log = folder / "log.txt"
     timing_path = out / "mining.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
+    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
+    if timing.get("complete") and not args.remine:
+        return pairs  # mined once; --remine lets every stage check its inputs and code again
     for stage in PIPELINE:
         seconds = pairforge([stage, "--params", "params.yaml"], folder, log)
         timing.setdefault(stage, round(seconds, 1))  # the first (computing) run's time
-    pairs = {}
     for sampler, options in SAMPLERS.items():
-        pairs[sampler] = folder / f"data/pairs-{sampler}"
         seconds = pairforge(
             ["sample", "--params", "params.yaml", *options, "--output", f"data/pairs-{sampler}",
              "--metrics", f"metrics/sample-{sampler}.json"],
             folder, log,
         )  # fmt: skip
         timing.setdefault(f"sample {sampler}", round(seconds, 1))
-    pairs["peer"] = folder / "data/pairs-peer"
     if not (pairs["peer"] / "_manifest.json").exists():
         t0 = time.perf_counter()
         peer_pairs(folder, pairs["uniform"], pairs["peer"], args.peer_seed)
         timing["peer"] = round(time.perf_counter() - t0, 1)
-    write_json(timing_path, timing)
+    write_json(timing_path, {**timing, "complete": True})
     return pairs
 
 
@@ -532,6 +532,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--test-pairs", type=int, default=None, help="test pairs per task; all")
     parser.add_argument("--lines", type=int, default=None, help="first N corpus lines (smoke)")
     parser.add_argument("--peer-seed", type=int, default=0)
+    parser.add_argument(
+        "--remine", action="store_true", help="run every mining stage again (each resumes)"
+    )
     parser.add_argument("--table-only", action="store_true", help="build the table, run nothing")
     args = parser.parse_args(argv)
 
