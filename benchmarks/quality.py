@@ -99,8 +99,8 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     """One summary per (row, start) of the run records (``scores.json`` contents: ``row``,
     ``start``, ``seed``, ``scores`` {task: Spearman x 100}, ``avg``, ``best_step``, ``steps``,
     ``train_seconds``), in ``ROWS`` order then start: mean and sd over seeds of each task and of
-    the average, and the paired difference of the average to ``baseline`` on the same start,
-    seed by seed (only seeds both have), with its mean and sd."""
+    the average, and the paired difference of the average to ``baseline`` on the same start
+    (DenoSent's ``mask``: the [CLS] one), seed by seed (only seeds both have), mean and sd."""
     groups: dict[tuple[str, str], dict[int, dict]] = {}
     for r in records:
         groups.setdefault((r["row"], r["start"]), {})[int(r["seed"])] = r
@@ -114,7 +114,8 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
             t: _mean_sd([by_seed[s]["scores"][t] for s in seeds if t in by_seed[s]["scores"]])
             for t in TASKS
         }
-        base = groups.get((baseline, start), {})
+        # DenoSent's one start is its prompt: it is compared with the [CLS] table's baseline.
+        base = groups.get((baseline, "cls" if start == "mask" else start), {})
         paired = [s for s in seeds if s in base]
         diffs = [by_seed[s]["avg"] - base[s]["avg"] for s in paired]
         mean_d, sd_d = _mean_sd(diffs)
@@ -139,7 +140,9 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
 def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
     """The issue's targets on one start: (target, verdict) with the figures it rests on; a
     target whose rows are missing says which."""
-    by_row = {s["row"]: s for s in summary if s["start"] == start}
+    # DenoSent (start "mask") belongs to the [CLS] table.
+    starts = (start, "mask") if start == "cls" else (start,)
+    by_row = {s["row"]: s for s in summary if s["start"] in starts}
 
     def avg(row):
         return by_row[row]["avg"] if row in by_row else (None, None)

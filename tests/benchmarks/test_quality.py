@@ -53,6 +53,8 @@ def records(tmp_path) -> list[dict]:
         record("debcse", 3, 77.5),  # no seed 2: paired on seeds 1 and 3 only
         record("simcse", 1, 79.0, start="mean"),
         record("peer", 1, 78.0, start="mean"),
+        record("denosent", 1, 77.0, start="mask"),
+        record("combined", 1, 77.2),
     ]
     # Through real files, as the benchmark reads them.
     for i, r in enumerate(rows):
@@ -66,7 +68,8 @@ def test_mean_sd_and_paired_differences(records):
     # ROWS order, then start.
     assert [(s["row"], s["start"]) for s in summary] == [
         ("simcse", "cls"), ("simcse", "mean"), ("peer", "cls"), ("peer", "mean"),
-        ("uniform", "cls"), ("ipw_calibrated", "cls"), ("debcse", "cls"),
+        ("uniform", "cls"), ("ipw_calibrated", "cls"), ("debcse", "cls"), ("denosent", "mask"),
+        ("combined", "cls"),
     ]  # fmt: skip
     simcse = by["simcse", "cls"]
     assert simcse["seeds"] == [1, 2, 3]
@@ -92,6 +95,8 @@ def test_mean_sd_and_paired_differences(records):
     assert peer_mean["avg"] == (78.0, None)
     assert peer_mean["diff"]["per_seed"] == pytest.approx([-1.0])
     assert peer_mean["diff"]["sd"] is None
+    # DenoSent's prompt start pairs with the [CLS] baseline.
+    assert by["denosent", "mask"]["diff"]["per_seed"] == pytest.approx([2.0])
 
 
 def test_targets_say_met_not_met_and_not_run(records):
@@ -103,7 +108,10 @@ def test_targets_say_met_not_met_and_not_run(records):
     # 77.67 - 76.5 = 1.17 against max(1.04, the sd of 76 and 77: 0.71)
     assert over_uniform == "met: +1.17 vs sd 1.04"
     assert verdicts["DebCSE >= SimCSE + 1.0 (cls)"] == "met: +1.25"
-    assert verdicts["combined >= the best single objective (cls)"] == "not run"
+    # The best single objective on [CLS] (DenoSent's prompt counted): debcse 77.25 > 77.0, 76.0.
+    assert (
+        verdicts["combined >= the best single objective (cls)"] == "NOT met: 77.20 vs debcse 77.25"
+    )
     mean = dict(quality.targets(quality.summarize(records), "mean"))
     assert mean["DebCSE >= SimCSE + 1.0 (mean)"] == "not run"
 
