@@ -30,13 +30,16 @@ log = logging.getLogger("pairforge")
 
 @dataclass
 class ShardResult:
-    """What a shard function returns: output tables by name, and counts to aggregate."""
+    """What a shard function returns: output tables by name, counts to aggregate (written into
+    the shard's manifest entry), and ``facts`` about this computation (timings, which backend
+    ran) that go back to the driver only: never into the shards, so they may differ by run."""
 
     tables: dict[str, pa.Table]
     counts: dict[str, int] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
-ShardFn = Callable[[pa.Table], ShardResult]
+ShardFn = Callable[..., ShardResult]  # (table) or, with ``with_index``, (table, shard index)
 
 
 class Executor(Protocol):
@@ -159,11 +162,12 @@ class _Job:
     index: int
     input: ShardSource | pa.Table  # a shard of a dataset (verified when read), or a table
     outputs: dict[str, tuple[str, SchemaSpec, str, dict]]  # name -> (folder, spec, label, options)
+    with_index: bool = False  # the shard function takes the shard index (to seed by shard)
 
 
-def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
+def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo], dict[str, Any]]:
     table = job.input if isinstance(job.input, pa.Table) else job.input.read()
-    result = fn(table)
+    result = fn(table, job.index) if job.with_index else fn(table)
     if set(result.tables) != set(job.outputs):
         raise ValueError(
             f"shard function returned outputs {sorted(result.tables)}, "
@@ -174,7 +178,7 @@ def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo]]:
         infos[name] = write_shard(
             Path(folder), job.index, result.tables[name], spec, label, result.counts, **options
         )
-    return job.index, table.num_rows, infos
+    return job.index, table.num_rows, infos, result.facts
 
 
 def map_shards(
@@ -184,14 +188,20 @@ def map_shards(
     executor: Executor,
     label: str,
     progress: bool = True,
+    with_index: bool = False,
+    facts: list[dict[str, Any]] | None = None,
 ) -> dict[str, list[ShardInfo]]:
     """Run ``fn`` over every shard of ``inputs`` not yet finished (each shard is verified
     against the input's manifest when read); return the shard infos per output, in input order
-    (finished shards from an earlier run included)."""
+    (finished shards from an earlier run included).
+
+    ``with_index``: ``fn(table, index)`` gets the shard's index too (for per-shard seeds).
+    ``facts``: a list that receives each shard computed now's ``ShardResult.facts`` (in
+    completion order)."""
     inputs = inputs.sources()
     specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
     todo = [
-        _Job(i, path, specs)
+        _Job(i, path, specs, with_index)
         for i, path in enumerate(inputs)
         if not all(w.is_done(i) for w in outputs.values())
     ]
@@ -200,7 +210,9 @@ def map_shards(
         log.info(
             "%s: %d of %d shards to compute on %s", label, len(todo), len(inputs), executor.name
         )
-    for _, rows, _ in executor.map_unordered(functools.partial(_run_job, fn), todo):
+    for _, rows, _, shard_facts in executor.map_unordered(functools.partial(_run_job, fn), todo):
+        if facts is not None:
+            facts.append(shard_facts)
         bar.advance(done=1, rows=rows)
     bar.close()
     return {name: [w.done_info(i) for i in range(len(inputs))] for name, w in outputs.items()}
@@ -221,6 +233,6 @@ def map_tables(
     jobs = (_Job(index, table, specs) for index, table in tables)
     bar = Progress(label, unit="chunks", enabled=progress)
     log.info("%s: computing on %s", label, executor.name)
-    for _, rows, _ in executor.map_unordered(functools.partial(_run_job, fn), jobs):
+    for _, rows, _, _ in executor.map_unordered(functools.partial(_run_job, fn), jobs):
         bar.advance(done=1, rows=rows)
     bar.close()

@@ -31,6 +31,7 @@ Output: ``data/pairs`` (``pairs`` schema), shard ``i`` for anchor shard ``i``, w
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -40,12 +41,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    WorkersOpt,
+    cli_errors,
+    executor,
+)
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards
 from pairforge.pipeline.shards import (
     DatasetWriter,
     atomic_write_bytes,
@@ -184,9 +192,10 @@ def _post_stats(path: str) -> dict[str, dict[str, Any]]:
     return dists
 
 
-def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
-    """Score and sample every anchor; returns the metrics written to ``cfg.metrics``."""
-    t_start = time.monotonic()
+def _open_inputs(cfg: SampleConfig) -> dict[str, Any]:
+    """Every input of the stage, opened and checked: the datasets, the corpus ids and texts by
+    row, and the positive pools (``open_positives``). The driver and each Dask worker call it
+    (workers read the datasets from the shared filesystem rather than receive them)."""
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
     pools = open_dataset(cfg.pools, S.POOLS)
     sent_emb = open_embeddings(cfg.embeddings)
@@ -204,7 +213,116 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         PositiveSource("rewrites", cfg.rewrites, cfg.rewrite_embeddings, "rewrites"),
     ]
     positives, pos_facts, pos_datasets = open_positives(sources, sent_emb, ids, sent_vectors)
-    del sent_vectors
+    return dict(
+        sentences=sentences,
+        pools=pools,
+        sent_emb=sent_emb,
+        ids=ids,
+        texts=texts,
+        positives=positives,
+        pos_facts=pos_facts,
+        pos_datasets=pos_datasets,
+    )
+
+
+# The scoring state of the run a worker process last served, by the run's key: built once per
+# process (reading the inputs and encoding every text), not once per task.
+_STATE: dict[str, dict[str, Any]] = {}
+_STATE_LOCK = threading.Lock()
+
+
+class SampleShard:
+    """The per-shard work of ``sample``: one pools shard (and its index, which seeds the draws)
+    -> its ``pairs`` rows and counts, and facts (scoring seconds, backend) for the metrics.
+
+    Picklable for Dask: what travels is the config and the run's key; a worker opens the inputs
+    and builds the edit scorer on its first shard and keeps them for the run's later shards.
+    In-process, the driver's already-opened inputs are reused (``inputs``).
+    """
+
+    def __init__(self, cfg: SampleConfig, key: str, inputs: dict[str, Any] | None = None):
+        self.cfg = cfg
+        self.key = key
+        if inputs is not None:
+            with _STATE_LOCK:
+                _STATE.clear()  # one run's state per process: memory stays bounded
+                _STATE[key] = {"inputs": inputs}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg.model_dump(), "key": self.key}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = SampleConfig(**state["cfg"])
+        self.key = state["key"]
+
+    def _state(self) -> dict[str, Any]:
+        with _STATE_LOCK:
+            state = _STATE.get(self.key)
+            if state is None:
+                _STATE.clear()
+                state = _STATE[self.key] = {"inputs": _open_inputs(self.cfg)}
+            if "scorer" not in state:
+                inputs = state["inputs"]
+                scorer, positives = _scorer(self.cfg, inputs["texts"], inputs["positives"])
+                state.update(
+                    scorer=scorer,
+                    positives=positives,
+                    pos_rows=positives[S.ROW].to_numpy(),
+                    corpus=ArrowTexts(inputs["texts"]),
+                    draw=DrawParams.of(self.cfg),
+                    reported=False,
+                )
+            return state
+
+    def __call__(self, shard: pa.Table, i: int) -> ShardResult:
+        state = self._state()
+        scorer, positives, pos_rows = state["scorer"], state["positives"], state["pos_rows"]
+        ids = state["inputs"]["ids"]
+        batch = self.cfg.anchor_batch
+        parts, counts, seconds = [], {}, 0.0
+        # In anchor batches: the scores of one batch's pools are held at a time.
+        for j, start in enumerate(range(0, max(shard.num_rows, 1), batch)):
+            part = shard.slice(start, batch)
+            rows = part[S.ROW].to_numpy()
+            lo, hi = np.searchsorted(pos_rows, [rows[0], rows[-1] + 1]) if len(rows) else (0, 0)
+            out, part_counts, part_s = sample_shard(
+                part,
+                positives.slice(lo, hi - lo),
+                state["corpus"],
+                ids,
+                scorer,
+                state["draw"],
+                i,
+                j,
+            )
+            parts.append(out)
+            for key, value in part_counts.items():
+                counts[key] = counts.get(key, 0) + value
+            seconds += part_s
+        facts: dict[str, Any] = {"scoring_seconds": seconds, "edit_pairs": counts["edit_pairs"]}
+        if not state["reported"]:
+            # Once per process: how this process's scorer was had (encoding, kernels).
+            state["reported"] = True
+            facts["scorer"] = {
+                "backend": scorer.backend,
+                "encode_seconds": scorer.encode_seconds,
+                "kernels": scorer.kernels,
+                "compile_seconds": scorer.compile_seconds,
+            }
+        return ShardResult({"pairs": pa.concat_tables(parts)}, counts, facts)
+
+
+def run(
+    cfg: SampleConfig, progress: bool = True, executor: Executor | None = None
+) -> dict[str, Any]:
+    """Score and sample every anchor, on ``executor`` (default: in this process, one shard
+    after another); returns the metrics written to ``cfg.metrics``. The pairs are the same
+    bytes whichever executor computes them: draws are seeded by shard and anchor batch."""
+    t_start = time.monotonic()
+    inputs = _open_inputs(cfg)
+    sentences, pools, sent_emb = inputs["sentences"], inputs["pools"], inputs["sent_emb"]
+    positives, pos_facts = inputs["positives"], inputs["pos_facts"]
+    pos_datasets = inputs["pos_datasets"]
     mined = pools.manifest.get("params", {})
     if mined.get("min_pool", cfg.m) < cfg.m:
         log.warning(
@@ -229,37 +347,37 @@ def run(cfg: SampleConfig, progress: bool = True) -> dict[str, Any]:
         cfg.output, S.PAIRS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )
     todo = [i for i in range(len(pools)) if not writer.is_done(i)]
-    edit_s, edit_pairs = 0.0, 0
-    backend, encode_s, compile_s, kernels = None, None, None, None
+    shard_facts: list[dict[str, Any]] = []
     if todo:
-        scorer, positives = _scorer(cfg, texts, positives)
-        backend, encode_s = scorer.backend, round(scorer.encode_seconds, 3)
-        kernels = scorer.kernels
-        compile_s = round(scorer.compile_seconds, 3) if scorer.compile_seconds is not None else None
-        pos_rows = positives[S.ROW].to_numpy()
-        corpus = ArrowTexts(texts)
-        draw_params = DrawParams.of(cfg)
-        bar = Progress("sample", total=len(pools), skipped=len(pools) - len(todo), enabled=progress)
-        for i in todo:
-            shard = pools.read_shard(i)
-            parts, counts = [], {}
-            # In anchor batches: the scores of one batch's pools are held at a time.
-            for j, start in enumerate(range(0, max(shard.num_rows, 1), cfg.anchor_batch)):
-                part = shard.slice(start, cfg.anchor_batch)
-                rows = part[S.ROW].to_numpy()
-                lo, hi = np.searchsorted(pos_rows, [rows[0], rows[-1] + 1]) if len(rows) else (0, 0)
-                out, part_counts, seconds = sample_shard(
-                    part, positives.slice(lo, hi - lo), corpus, ids, scorer, draw_params, i, j
-                )
-                parts.append(out)
-                for key, value in part_counts.items():
-                    counts[key] = counts.get(key, 0) + value
-                edit_s += seconds
-                edit_pairs += part_counts["edit_pairs"]
-            out = pa.concat_tables(parts)
-            writer.write(i, out, counts)
-            bar.advance(done=1, rows=out.num_rows)
-        bar.close()
+        ex = executor or LocalExecutor()
+        in_process = isinstance(ex, LocalExecutor)
+        # The run's key: its fingerprint and the settings outside it that a scorer depends on.
+        key = f"{fp}:{cfg.edit_backend}:{cfg.threads}"
+        fn = SampleShard(cfg, key, inputs if in_process else None)
+        try:
+            map_shards(
+                fn,
+                pools,
+                {"pairs": writer},
+                ex,
+                STAGE,
+                progress,
+                with_index=True,
+                facts=shard_facts,
+            )
+        finally:
+            with _STATE_LOCK:
+                _STATE.pop(key, None)
+    edit_s = sum(f["scoring_seconds"] for f in shard_facts)
+    edit_pairs = sum(f["edit_pairs"] for f in shard_facts)
+    scorers = [f["scorer"] for f in shard_facts if "scorer" in f]
+    backend, encode_s, compile_s, kernels = None, None, None, None
+    if scorers:
+        # Several worker processes each encode and load kernels: the slowest is what waited.
+        backend, kernels = scorers[0]["backend"], scorers[0]["kernels"]
+        encode_s = round(max(s["encode_seconds"] for s in scorers), 3)
+        compiled = [s["compile_seconds"] for s in scorers if s["compile_seconds"] is not None]
+        compile_s = round(max(compiled), 3) if compiled else None
     totals: dict[str, int] = {}
     for info in writer.finished_shards():
         for key, value in info.counts.items():
@@ -438,6 +556,8 @@ def command(
     output: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     params: ParamsOpt = "params.yaml",
+    workers: WorkersOpt = 0,
+    scheduler: SchedulerOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Sample DebCSE positives and hard negatives by inverse propensity weighting (eqs. 1-6).
@@ -448,8 +568,8 @@ def command(
     overrides = {k: v for k, v in locals().items() if k in SampleConfig.model_fields}
     cfg = stage_config(STAGE, SampleConfig, params, overrides)
     # Held past the manifest: the card is written after it.
-    with writer_lock(cfg.output, f"dataset {cfg.output!r}"):
-        run(cfg, progress=progress)
+    with writer_lock(cfg.output, f"dataset {cfg.output!r}"), executor(workers, scheduler) as ex:
+        run(cfg, progress=progress, executor=ex)
 
 
 @cli_errors
