@@ -139,6 +139,11 @@ class BacktranslateConfig(StageConfig):
         "auto", description="auto: int8 (CPU) / int8_float16 (GPU) for ctranslate2"
     )
     threads: int = Field(0, ge=0, description="CPU threads; 0: every core this process may use")
+    cpu_isa: Literal["auto", "GENERIC", "AVX", "AVX2", "AVX512", "NEON"] = Field(
+        "auto",
+        description="CTranslate2's CPU kernels: auto (the best this CPU has) or one ISA, "
+        "for the same float32 outputs on every machine that has it",
+    )
     max_batch_tokens: int = Field(4096, ge=1, description="padded source tokens per batch")
     max_batch_sentences: int = Field(64, ge=1)
     max_input_tokens: int = Field(256, ge=2, description="longer sources are truncated")
@@ -238,7 +243,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
     sentences = open_dataset(cfg.input, S.SENTENCES)
     try:
         settings = engine_settings(
-            cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir
+            cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir, cfg.cpu_isa
         )
     except ConfigError as exc:
         raise ConfigError(f"{STAGE}.{exc}") from None
@@ -360,6 +365,10 @@ def command(
         ),
     ] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads (0: all available).")] = None,
+    cpu_isa: Annotated[
+        str | None,
+        typer.Option(help="CTranslate2 CPU kernels: auto, GENERIC, AVX, AVX2, AVX512, NEON."),
+    ] = None,
     max_batch_tokens: Annotated[
         int | None, typer.Option(help="Padded source tokens per batch.")
     ] = None,

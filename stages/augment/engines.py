@@ -26,8 +26,11 @@ import functools
 import json
 import logging
 import os
+import platform
+import sys
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pairforge.pipeline.errors import ConfigError
@@ -51,6 +54,9 @@ COMPUTE_TYPES = {
 # --- engine settings --------------------------------------------------------------------------
 
 
+CPU_ISAS: tuple[str, ...] = ("auto", "GENERIC", "AVX", "AVX2", "AVX512", "NEON")
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     engine: str
@@ -58,10 +64,18 @@ class EngineSettings:
     compute_type: str
     threads: int
     models_dir: str
+    cpu_isa: str = "auto"
 
     def identity(self) -> dict[str, str]:
         """What of the engine changes outputs (device does not: same weights, same maths)."""
-        return {"engine": self.engine, "compute_type": self.compute_type}
+        identity = {"engine": self.engine, "compute_type": self.compute_type}
+        if self.pins_cpu_isa:
+            identity["cpu_isa"] = self.cpu_isa
+        return identity
+
+    @property
+    def pins_cpu_isa(self) -> bool:
+        return self.engine == "ctranslate2" and self.device == "cpu" and self.cpu_isa != "auto"
 
 
 def _cuda_available(engine: str) -> bool:
@@ -75,12 +89,22 @@ def _cuda_available(engine: str) -> bool:
 
 
 def engine_settings(
-    engine: str, device: str, compute_type: str, threads: int, models_dir: str
+    engine: str,
+    device: str,
+    compute_type: str,
+    threads: int,
+    models_dir: str,
+    cpu_isa: str = "auto",
 ) -> EngineSettings:
     """Validate and resolve ``auto`` device and compute type: CPU int8 / GPU int8_float16 for
-    CTranslate2, CPU float32 / GPU float16 for transformers."""
+    CTranslate2, CPU float32 / GPU float16 for transformers. ``cpu_isa`` pins the instruction
+    set of CTranslate2's CPU kernels (``auto``: the best this CPU has)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine {engine!r}: allowed values: {', '.join(ENGINES)}")
+    if cpu_isa not in CPU_ISAS:
+        raise ConfigError(f"cpu_isa {cpu_isa!r}: allowed values: {', '.join(CPU_ISAS)}")
+    if engine == "ctranslate2" and device in ("auto", "cpu"):
+        pin_cpu_isa(cpu_isa)  # before the CUDA probe below imports ctranslate2
     if device == "auto":
         device = "cuda" if _cuda_available(engine) else "cpu"
     if device not in ("cpu", "cuda"):
@@ -104,7 +128,7 @@ def engine_settings(
             if hasattr(os, "sched_getaffinity")
             else os.cpu_count() or 1
         )
-    return EngineSettings(engine, device, compute_type, threads, models_dir)
+    return EngineSettings(engine, device, compute_type, threads, models_dir, cpu_isa)
 
 
 # --- the interface ----------------------------------------------------------------------------
@@ -272,17 +296,22 @@ class _SeededPick:
 
 class CTranslate2Translator(_MarianText):
     def __init__(self, ref: ModelRef, settings: EngineSettings) -> None:
+        if settings.pins_cpu_isa:
+            pin_cpu_isa(settings.cpu_isa)  # before anything imports ctranslate2
         import ctranslate2
 
         super().__init__(ref, settings)
         folder, _ = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
-        self.translator = ctranslate2.Translator(
-            str(folder),
-            device=settings.device,
-            compute_type=settings.compute_type,
-            intra_threads=settings.threads if settings.device == "cpu" else 0,
-            inter_threads=1,
-        )
+        options = {
+            "device": settings.device,
+            "compute_type": settings.compute_type,
+            "intra_threads": settings.threads if settings.device == "cpu" else 0,
+            "inter_threads": 1,
+        }
+        try:
+            self.translator = ctranslate2.Translator(str(folder), **options)
+        except ValueError as exc:  # "The CPU does not support AVX512"
+            raise ConfigError(f"backtranslate.cpu_isa {settings.cpu_isa}: {exc}") from None
         self.vocabulary = _target_vocabulary(folder)
         self.end_index = self.vocabulary.index(self.tokenizer.eos_token)
 
@@ -400,6 +429,48 @@ class CTranslate2Translator(_MarianText):
         hyps = [self.tokenizer.convert_tokens_to_ids(c) for c in chosen]
         texts = self.decode(hyps)
         return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
+
+
+def pin_cpu_isa(wanted: str) -> None:
+    """Make CTranslate2 run ``wanted`` CPU kernels in this process (``auto``: nothing to do).
+
+    CTranslate2 reads ``CT2_FORCE_CPU_ISA`` partly when its library loads (a later value gets
+    the ISA named in its log but some kernels stay the CPU's best), so this must run before
+    ``ctranslate2`` is imported; afterwards it only checks. A CPU without the ISA (AVX2 on
+    ARM, say) keeps its own best, with a warning: outputs may then differ from other machines.
+    """
+    if wanted == "auto" or os.environ.get("CT2_FORCE_CPU_ISA") == wanted:
+        return
+    if "ctranslate2" in sys.modules:
+        raise ConfigError(
+            f"cpu_isa {wanted}: CTranslate2 was loaded in this process before it "
+            f"could apply; set CT2_FORCE_CPU_ISA={wanted} in the environment or run the stage "
+            "in a fresh process"
+        )
+    if not _cpu_has(wanted):
+        log.warning(
+            "backtranslate.cpu_isa %s: this CPU does not have it; CTranslate2 uses the CPU's "
+            "best instead, so outputs may differ from machines that ran %s",
+            wanted,
+            wanted,
+        )
+        return
+    os.environ["CT2_FORCE_CPU_ISA"] = wanted
+
+
+def _cpu_has(isa: str) -> bool:
+    machine = platform.machine().lower()
+    if isa == "GENERIC":
+        return True
+    if isa == "NEON":
+        return machine in ("arm64", "aarch64")
+    if machine not in ("x86_64", "amd64"):
+        return False
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return isa != "AVX512"  # every x86-64 Mac and Windows PC of the last decade has AVX2
+    flags = set(cpuinfo.read_text().split())
+    return {"AVX": "avx", "AVX2": "avx2", "AVX512": "avx512f"}[isa] in flags
 
 
 def _target_vocabulary(folder) -> list[str]:

@@ -23,10 +23,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 from pairforge.stages.augment.decoding import Decoding
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 # Part of every sampled translation's cache key: a change to how tokens are drawn must not
@@ -49,6 +49,8 @@ def row_seeds(seed: int, decoding: Decoding, batch: Sequence[Sequence[int]]) -> 
 
 def uniforms(seed: int, steps: int) -> np.ndarray:
     """The first ``steps`` uniforms in [0, 1) of the stream keyed by ``seed`` (float64)."""
+    import numpy as np
+
     return np.random.Generator(np.random.Philox(key=seed)).random(steps)
 
 
@@ -91,6 +93,8 @@ def choose_tokens(logits: torch.Tensor, u: torch.Tensor, decoding: Decoding) -> 
 
 def uniforms_table(seeds: list[int], steps: int) -> np.ndarray:
     """``uniforms`` of each seed, stacked: (len(seeds), steps)."""
+    import numpy as np
+
     if not seeds:
         return np.zeros((0, steps))
     return np.stack([uniforms(s, steps) for s in seeds])
