@@ -225,14 +225,19 @@ def map_tables(
     executor: Executor,
     label: str,
     progress: bool = True,
+    with_index: bool = False,
+    facts: list[dict[str, Any]] | None = None,
 ) -> None:
     """Like ``map_shards`` for tables produced on the fly (by a reader): the caller yields
     ``(index, table)`` only for indexes not finished yet, and the executor consumes them as it
-    has room, so reading overlaps with computing and memory stays bounded."""
+    has room, so reading overlaps with computing and memory stays bounded. ``with_index`` and
+    ``facts`` as for ``map_shards``."""
     specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
-    jobs = (_Job(index, table, specs) for index, table in tables)
+    jobs = (_Job(index, table, specs, with_index) for index, table in tables)
     bar = Progress(label, unit="chunks", enabled=progress)
     log.info("%s: computing on %s", label, executor.name)
-    for _, rows, _, _ in executor.map_unordered(functools.partial(_run_job, fn), jobs):
+    for _, rows, _, shard_facts in executor.map_unordered(functools.partial(_run_job, fn), jobs):
+        if facts is not None:
+            facts.append(shard_facts)
         bar.advance(done=1, rows=rows)
     bar.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -31,12 +32,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    WorkersOpt,
+    cli_errors,
+    executor,
+)
 from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables
 from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
@@ -233,6 +241,18 @@ def _open_augmentations(path: str | None) -> Dataset | None:
     return open_dataset(path, S.CANDIDATES) if path and Path(path).exists() else None
 
 
+def _write_search_index(index, path: Path) -> None:
+    """The index, on the CPU, where the Dask workers read it (atomically: a worker never reads
+    half a file)."""
+    import faiss
+    from pairforge.stages.mining.searcher import _on_gpu
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
+    tmp.replace(path)
+
+
 def _threads(n: int) -> None:
     if n > 0:
         import faiss
@@ -254,6 +274,101 @@ def _anchor_table(
             AUGMENTATIONS: pa.ListArray.from_arrays(offsets, aug_texts.slice(lo, hi - lo)),
         }
     )
+
+
+# The search state of the run a worker process last served, by the run's key: the index mapped
+# from disk and the corpus read once per process, not once per task.
+_STATE: dict[str, dict[str, Any]] = {}
+_STATE_LOCK = threading.Lock()
+SEARCH_FILE = "search.faiss"  # the index as the Dask workers read it, in <output>/_work
+
+
+class MineShard:
+    """The query side of ``mine``: one shard's anchor table (``id``, ``row``,
+    ``augmentations``) -> its ``pools`` rows and counts, and its seconds (``facts``).
+
+    Picklable for Dask: what travels is the config, the run's key and the path of the index the
+    driver built and wrote once (``<output>/_work/search.faiss``); each worker process reads it
+    with ``faiss.IO_FLAG_MMAP`` (the index's vectors and lists stay in the page cache, shared by
+    the workers of a machine) and the corpus (ids, texts; the vectors when the index does not
+    hold them) from the shared filesystem, once. In-process, the driver's searcher is used.
+    """
+
+    def __init__(
+        self, cfg: MineConfig, key: str, index_path: str, state: dict[str, Any] | None = None
+    ):
+        self.cfg, self.key, self.index_path = cfg, key, index_path
+        if state is not None:
+            with _STATE_LOCK:
+                _STATE.clear()  # one run's state per process: memory stays bounded
+                _STATE[key] = state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg.model_dump(), "key": self.key, "index_path": self.index_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = MineConfig(**state["cfg"])
+        self.key, self.index_path = state["key"], state["index_path"]
+
+    def _state(self) -> dict[str, Any]:
+        with _STATE_LOCK:
+            state = _STATE.get(self.key)
+            if state is None:
+                _STATE.clear()
+                state = _STATE[self.key] = _worker_state(self.cfg, self.index_path)
+            return state
+
+    def __call__(self, anchors: pa.Table, i: int) -> ShardResult:
+        state = self._state()
+        cfg = self.cfg
+        t0 = time.monotonic()
+        parts, counts = [], {}
+        # A shard in anchor batches: neighbours and rule masks of one batch at a time. Random
+        # fills are seeded per anchor, so the batch size does not change the pools.
+        for lo in range(0, anchors.num_rows, cfg.anchor_batch):
+            part, part_counts = mine_shard(
+                anchors.slice(lo, cfg.anchor_batch),
+                state["searcher"],
+                state["texts"],
+                state["ids"],
+                band=(cfg.band_low, cfg.band_high),
+                near_duplicate_threshold=cfg.near_duplicate_threshold,
+                min_pool=cfg.min_pool,
+                fallback=cfg.fallback,
+                widen_step=cfg.widen_step,
+                widen_limits=cfg.widen_limits,
+                seed=cfg.seed,
+                workers=cfg.threads,
+                pool_cap=cfg.pool_cap,
+            )
+            parts.append(part)
+            for key, value in part_counts.items():
+                counts[key] = counts.get(key, 0) + value
+        out = pa.concat_tables(parts) if parts else S.POOLS.schema.empty_table()
+        return ShardResult({"pools": out}, counts, {"seconds": time.monotonic() - t0})
+
+
+def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
+    """A Dask worker's searcher and corpus: the driver's index read from ``index_path``
+    (memory-mapped), the sentences' ids and texts, and the vectors (the flat index's own, else
+    read from the embeddings dataset)."""
+    import faiss
+    from pairforge.stages.mining.searcher import Searcher, _ivf
+
+    _threads(cfg.threads)
+    table = open_dataset(cfg.sentences, S.SENTENCES).read_table([S.ID, S.TEXT])
+    ids = table[S.ID].combine_chunks()
+    index = faiss.read_index(index_path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(ids):
+        # The exact index stores the vectors as they are: search them in place (mapped).
+        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+        vectors = view.reshape(index.ntotal, index.d)
+    else:
+        vectors = load_vectors(open_embeddings(cfg.embeddings), ids)
+    k = min(cfg.k + 1, len(vectors))
+    rescore = _ivf(index) is not None and cfg.ivf_codec == "sq8"
+    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
+    return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
 
 
 def _size_stats(sizes: np.ndarray) -> dict[str, Any]:
@@ -321,8 +436,11 @@ def _coverage_metrics(
     return out
 
 
-def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
-    """Mine every anchor's pool; returns the metrics written to ``cfg.metrics``."""
+def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None) -> dict[str, Any]:
+    """Mine every anchor's pool, the queries on ``executor`` (default: in this process, one
+    shard after another); returns the metrics written to ``cfg.metrics``. The index is built
+    (or reloaded) once, here; on Dask it is written to ``<output>/_work`` for the workers to
+    map (see ``MineShard``). The pools are the same bytes whichever executor computes them."""
     from pairforge.stages.mining.index import measure_recall
     from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
 
@@ -408,39 +526,27 @@ def run(cfg: MineConfig, progress: bool = True) -> dict[str, Any]:
         cand_rows, cand_texts, aug_facts = own_augmentations(cfg.candidates, ids, "candidates")
         rw_rows, rw_texts, rewrite_facts = own_augmentations(cfg.rewrites, ids, "rewrites")
         aug_rows, aug_texts = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
-        bar = Progress(
-            "mine", total=len(sentences), skipped=len(sentences) - len(todo), enabled=progress
-        )
-        for i in todo:
-            s0 = time.monotonic()
-            parts, counts = [], {}
-            # A shard in anchor batches: neighbours and rule masks of one batch at a time. Random
-            # fills are seeded per anchor, so the batch size does not change the pools.
-            for lo in range(int(bounds[i]), int(bounds[i + 1]), cfg.anchor_batch):
-                hi = min(lo + cfg.anchor_batch, int(bounds[i + 1]))
-                part, part_counts = mine_shard(
-                    _anchor_table(ids, lo, hi, aug_rows, aug_texts),
-                    searcher,
-                    texts,
-                    ids,
-                    band=(cfg.band_low, cfg.band_high),
-                    near_duplicate_threshold=cfg.near_duplicate_threshold,
-                    min_pool=cfg.min_pool,
-                    fallback=cfg.fallback,
-                    widen_step=cfg.widen_step,
-                    widen_limits=cfg.widen_limits,
-                    seed=cfg.seed,
-                    workers=cfg.threads,
-                    pool_cap=cfg.pool_cap,
-                )
-                parts.append(part)
-                for key, value in part_counts.items():
-                    counts[key] = counts.get(key, 0) + value
-            out = pa.concat_tables(parts) if parts else S.POOLS.schema.empty_table()
-            search_seconds += time.monotonic() - s0
-            writer.write(i, out, counts)
-            bar.advance(done=1, rows=out.num_rows)
-        bar.close()
+        if todo:
+            ex = executor or LocalExecutor()
+            in_process = isinstance(ex, LocalExecutor)
+            key = f"{fp}:{cfg.threads}:{cfg.query_batch}"
+            index_path = Path(cfg.output) / "_work" / SEARCH_FILE
+            if not in_process:
+                _write_search_index(index, index_path)
+            state = {"searcher": searcher, "texts": texts, "ids": ids} if in_process else None
+            fn = MineShard(cfg, key, str(index_path), state)
+            # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
+            anchors = (
+                (i, _anchor_table(ids, int(bounds[i]), int(bounds[i + 1]), aug_rows, aug_texts))
+                for i in todo
+            )
+            shard_facts: list[dict[str, Any]] = []
+            try:
+                map_tables(fn, anchors, {"pools": writer}, ex, STAGE, progress, True, shard_facts)
+            finally:
+                with _STATE_LOCK:
+                    _STATE.pop(key, None)
+            search_seconds = sum(f["seconds"] for f in shard_facts)
     # Only what describes the index goes in the manifest; timings vary, they go to the metrics.
     stable = {
         k: v for k, v in index_facts.items() if k not in ("build_seconds", "loaded_from_work")
@@ -572,6 +678,8 @@ def command(
     output: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     params: ParamsOpt = "params.yaml",
+    workers: WorkersOpt = 0,
+    scheduler: SchedulerOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Mine each sentence's negative candidate pool: kNN in a FAISS index, then the cosine band.
@@ -580,5 +688,5 @@ def command(
     """
     overrides = {k_: v for k_, v in locals().items() if k_ in MineConfig.model_fields}
     cfg = stage_config(STAGE, MineConfig, params, overrides)
-    with writer_locks(cfg.output):
-        run(cfg, progress=progress)
+    with writer_locks(cfg.output), executor(workers, scheduler) as ex:
+        run(cfg, progress=progress, executor=ex)
