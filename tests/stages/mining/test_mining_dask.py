@@ -7,10 +7,22 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from mining_helpers import copy_project
 from pairforge.pipeline.runner import DaskExecutor, LocalExecutor
+from pairforge.stages.mine import MineConfig
+from pairforge.stages.mine import run as mine
 from pairforge.stages.sample import run as sample
-from test_mining_sample import _cfg, mined  # noqa: F401  (mined: the module's fixture)
+from test_mining_sample import _cfg, _paths, mined  # noqa: F401  (mined: the module's fixture)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One 2-worker LocalCluster for the module's Dask runs (starting one costs seconds)."""
+    ex = DaskExecutor(workers=2)
+    assert len(ex.client.scheduler_info()["workers"]) == 2
+    yield ex
+    ex.close()
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
@@ -27,10 +39,7 @@ def _plain_then(root: Path, output: str, run, executor) -> tuple[dict, dict]:
     plain = run(executor=None)
     before = folder_bytes(root / output)
     shutil.rmtree(root / output)
-    try:
-        other = run(executor=executor)
-    finally:
-        executor.close()
+    other = run(executor=executor)
     after = folder_bytes(root / output)
     assert sorted(before) == sorted(after)
     differ = [name for name in before if before[name] != after[name]]
@@ -44,7 +53,11 @@ def _sample(root: Path):
 
 def test_sample_threads_write_the_same_bytes(mined, tmp_path):  # noqa: F811
     root = copy_project(mined, tmp_path)
-    plain, metrics = _plain_then(root, "data/pairs", _sample(root), LocalExecutor(threads=2))
+    ex = LocalExecutor(threads=2)
+    try:
+        plain, metrics = _plain_then(root, "data/pairs", _sample(root), ex)
+    finally:
+        ex.close()
     assert plain["computed_shards"] == metrics["computed_shards"] == metrics["shards"] >= 2
     assert metrics["counts"] == plain["counts"]
     # The scoring facts come back from the shard function: every shard's pairs are counted.
@@ -53,12 +66,57 @@ def test_sample_threads_write_the_same_bytes(mined, tmp_path):  # noqa: F811
     assert metrics["counts"]["edit_pairs"] > 0 and metrics["edit"]["pairs_per_second"] > 0
 
 
-def test_sample_on_two_dask_workers_writes_the_same_bytes(mined, tmp_path):  # noqa: F811
+def test_sample_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path):  # noqa: F811
     root = copy_project(mined, tmp_path)
-    ex = DaskExecutor(workers=2)
-    assert len(ex.client.scheduler_info()["workers"]) == 2
-    plain, metrics = _plain_then(root, "data/pairs", _sample(root), ex)
+    plain, metrics = _plain_then(root, "data/pairs", _sample(root), cluster)
     assert metrics["computed_shards"] == metrics["shards"] >= 2
     assert metrics["counts"] == plain["counts"] and metrics["rows"] == plain["rows"]
     assert metrics["edit"]["backend"] == "numba" and metrics["edit"]["encode_seconds"] >= 0
     assert metrics["edit"]["pairs_per_second"] > 0
+
+
+def _mine(root: Path, **kw):
+    paths = _paths(root)
+    cfg = MineConfig(
+        sentences=paths["sentences"],
+        embeddings=paths["embeddings"],
+        candidates=paths["candidates"],
+        output=paths["pools"],
+        metrics=str(root / "metrics/mine.json"),
+        k=24,
+        band_low=0.1,
+        band_high=0.8,
+        anchor_batch=16,
+        **kw,
+    )
+    return lambda executor: mine(cfg, progress=False, executor=executor)
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_mine_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path, kind):  # noqa: F811
+    """The workers search the driver's index mapped from <output>/_work (a flat index's
+    vectors in place; HNSW's vectors from the embeddings), with the same pools."""
+    root = copy_project(mined, tmp_path)
+    shutil.rmtree(root / "data/pools")
+    # fallback random reads the searcher's vectors too; min_pool 70 > pool_cap makes every pool short.
+    run = _mine(root, index=kind, fallback="random", min_pool=70, pool_cap=64)
+    plain, metrics = _plain_then(root, "data/pools", run, cluster)
+    assert metrics["computed_shards"] == metrics["shards"] >= 2
+    assert metrics["index"]["kind"] == kind
+    assert metrics["random_candidates"] == plain["random_candidates"] > 0
+    assert metrics["pool_size"] == plain["pool_size"] and metrics["excluded"] == plain["excluded"]
+    assert metrics["pool_seconds"] > 0
+    # The index file the workers read is removed with the rest of the work folder.
+    assert not (root / "data/pools/_work").exists()
+
+
+def test_mine_in_process_threads_write_the_same_bytes(mined, tmp_path):  # noqa: F811
+    root = copy_project(mined, tmp_path)
+    shutil.rmtree(root / "data/pools")
+    ex = LocalExecutor(threads=2)
+    try:
+        plain, metrics = _plain_then(root, "data/pools", _mine(root), ex)
+    finally:
+        ex.close()
+    assert metrics["anchors"] == plain["anchors"] == 240
+    assert metrics["candidates_in_pools"] == plain["candidates_in_pools"] > 0
