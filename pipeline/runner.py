@@ -100,15 +100,41 @@ class LocalExecutor:
 
 class DaskExecutor:
     """Runs tasks on a Dask cluster: a new LocalCluster of ``workers`` processes on loopback,
-    or an existing scheduler at ``scheduler`` (for example ``tcp://10.0.0.5:8786``)."""
+    or an existing scheduler at ``scheduler`` (for example ``tcp://10.0.0.5:8786``).
 
-    def __init__(self, workers: int = 0, scheduler: str | None = None) -> None:
+    ``worker_env``: one environment per worker (``workers`` of them), for example
+    ``CUDA_VISIBLE_DEVICES`` so that each worker process sees its own GPU."""
+
+    def __init__(
+        self,
+        workers: int = 0,
+        scheduler: str | None = None,
+        worker_env: list[dict[str, str]] | None = None,
+    ) -> None:
         from dask.distributed import Client, LocalCluster
 
         self.cluster = None
         if scheduler:
             self.client = Client(scheduler)
             self.name = f"dask scheduler {scheduler}"
+        elif worker_env:
+            from dask.distributed import Nanny, Scheduler, SpecCluster
+
+            # LocalCluster gives every worker the same environment: one spec per worker here.
+            options = {"nthreads": 1, "host": "127.0.0.1", "silence_logs": logging.WARNING}
+            self.cluster = SpecCluster(
+                scheduler={
+                    "cls": Scheduler,
+                    "options": {"host": "127.0.0.1", "dashboard_address": None},
+                },
+                workers={
+                    i: {"cls": Nanny, "options": {**options, "env": dict(env)}}
+                    for i, env in enumerate(worker_env)
+                },
+                silence_logs=logging.WARNING,
+            )
+            self.client = Client(self.cluster)
+            self.name = f"dask cluster ({len(worker_env)} workers, one environment each)"
         else:
             self.cluster = LocalCluster(
                 n_workers=workers,

@@ -16,7 +16,9 @@ those positives and say so; an interrupted (incomplete) dataset is an error.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -25,12 +27,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
+from pairforge.pipeline.cli_options import (
+    ParamsOpt,
+    ProgressOpt,
+    SchedulerOpt,
+    cli_errors,
+    executor,
+)
 from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
-from pairforge.pipeline.progress import Progress
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards
 from pairforge.pipeline.shards import (
     MANIFEST,
     Dataset,
@@ -39,11 +47,11 @@ from pairforge.pipeline.shards import (
 )
 from pairforge.stages.mining.inputs import (
     ENCODER_KEY,
+    VECTOR_ROW_GROUP,
     embeddings_layout,
     fingerprint,
     load_vectors,
     open_embeddings,
-    write_vectors,
 )
 from pydantic import Field
 
@@ -244,6 +252,85 @@ class _SentenceVectors:
         return mask, self.vectors[picked].astype(np.float32)
 
 
+# The encoder and the sentence vectors of the run a worker process last served, by the run's
+# key: the model loads once per process and run, not once per task.
+_STATE: dict[str, dict[str, Any]] = {}
+_STATE_LOCK = threading.Lock()
+
+
+class EmbedShard:
+    """The per-shard work of ``embed``: one shard of a texts dataset -> its ``embeddings``
+    table (``embed_shard``), counts ``rows``, and ``reused`` (rows given their sentence's
+    vector) in ``facts``.
+
+    Picklable for Dask: what travels is the config, the run's key, the id column and whether
+    candidates reuse their sentence's vector; a worker process loads the encoder on its first
+    shard and keeps it for the run's later shards (and datasets), and reads the sentence
+    vectors from ``cfg.output`` (written before any candidate is embedded) on the shared
+    filesystem. In-process, the driver's encoder is used.
+    """
+
+    def __init__(
+        self,
+        cfg: EmbedConfig,
+        key: str,
+        id_column: str,
+        reuse_sentences: bool,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg, self.key, self.id_column, self.reuse = cfg, key, id_column, reuse_sentences
+        if state is not None:
+            with _STATE_LOCK:
+                if key not in _STATE:
+                    _STATE.clear()  # one run's state per process: memory stays bounded
+                    _STATE[key] = {}
+                # The sentences come without a reuse: the candidates' call brings it.
+                _STATE[key].update({k: v for k, v in state.items() if v is not None})
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "cfg": self.cfg.model_dump(),
+            "key": self.key,
+            "id_column": self.id_column,
+            "reuse": self.reuse,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = EmbedConfig(**state["cfg"])
+        self.key, self.id_column, self.reuse = state["key"], state["id_column"], state["reuse"]
+
+    def _state(self) -> dict[str, Any]:
+        with _STATE_LOCK:
+            state = _STATE.get(self.key)
+            if state is None:
+                _STATE.clear()
+                sentences = open_dataset(self.cfg.sentences, S.SENTENCES)
+                state = _STATE[self.key] = {
+                    "lazy": _LazyEncoder(self.cfg),
+                    "reuse": _SentenceVectors(self.cfg, sentences),
+                }
+            return state
+
+    def __call__(self, table: pa.Table) -> ShardResult:
+        state = self._state()
+        known = state["reuse"](table) if self.reuse else None
+        result = embed_shard(
+            table,
+            state["lazy"].get(),
+            id_column=self.id_column,
+            vector_dtype=self.cfg.vector_dtype,
+            known=known,
+        )
+        reused = int(known[0].sum()) if known is not None else 0
+        return ShardResult({"vectors": result}, {"rows": result.num_rows}, {"reused": reused})
+
+
+def drop_run_state(key: str) -> None:
+    """Forget a finished run's encoder in this process (in-process runs)."""
+    with _STATE_LOCK:
+        _STATE.pop(key, None)
+
+
 def _finished(path: str, fp: str) -> dict[str, Any] | None:
     """The manifest of ``path`` when it is complete with fingerprint ``fp``."""
     manifest = Path(path) / MANIFEST
@@ -268,11 +355,15 @@ def _embed_dataset(
     status: str,
     reuse: Any = None,
     also: Dataset | None = None,
+    executor: Executor | None = None,
+    key: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Embed one dataset (or write an empty one); returns (encoder info, metrics).
+    """Embed one dataset (or write an empty one) on ``executor``; returns (encoder info,
+    metrics).
 
     ``reuse(table)`` returns the ``known`` vectors of a shard (see ``embed_shard``); ``also`` is
-    a dataset those vectors depend on, for the fingerprint.
+    a dataset those vectors depend on, for the fingerprint. ``key`` names the run for the
+    workers' cached encoder (``EmbedShard``).
     """
     params = _params(cfg)
     fp = fingerprint(
@@ -307,25 +398,19 @@ def _embed_dataset(
     )
     todo = [i for i in range(n_shards) if not writer.is_done(i)]
     todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
-    bar = Progress(f"embed/{name}", total=todo_rows, unit="rows", enabled=progress)
     start = time.monotonic()
     reused = 0
-    for i in todo:
-        columns = [id_column, S.TEXT] + ([S.ID] if reuse is not None and id_column != S.ID else [])
-        table = source.read_shard(i, columns)
-        known = reuse(table) if reuse is not None else None
-        reused += int(known[0].sum()) if known is not None else 0
-        result = embed_shard(
-            table,
-            lazy.get(),
-            id_column=id_column,
-            vector_dtype=cfg.vector_dtype,
-            progress=lambda n: bar.advance(done=n, rows=n),
-            known=known,
-        )
-        write_vectors(writer, i, result, {"rows": result.num_rows})
+    if todo:
+        ex = executor or LocalExecutor()
+        in_process = isinstance(ex, LocalExecutor)
+        state = {"lazy": lazy, "reuse": reuse} if in_process else None
+        fn = EmbedShard(cfg, key, id_column, reuse is not None, state)
+        # As write_vectors: small row groups, so that readers stream vectors in bounded memory.
+        writer.write_options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
+        facts: list[dict[str, Any]] = []
+        map_shards(fn, source, {"vectors": writer}, ex, f"embed/{name}", progress, facts=facts)
+        reused = sum(f["reused"] for f in facts)
     seconds = time.monotonic() - start
-    bar.close(f"{len(todo)} of {n_shards} shards computed")
     writer.finalize(
         n_shards,
         extra={
@@ -360,16 +445,50 @@ def _dataset_metrics(
     }
 
 
-def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
-    """Embed the sentences, then the candidates and the rewrites; returns the metrics written
-    to ``cfg.metrics``."""
+def run(
+    cfg: EmbedConfig, progress: bool = True, executor: Executor | None = None
+) -> dict[str, Any]:
+    """Embed the sentences, then the candidates and the rewrites, on ``executor`` (default: in
+    this process, one shard after another); returns the metrics written to ``cfg.metrics``."""
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
     candidates, status = _open_augmentations("candidates", cfg.candidates)
     rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
     lazy = _LazyEncoder(cfg)
     reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
+    key = uuid.uuid4().hex  # this run, for the encoder each worker process keeps
+    try:
+        return _run(
+            cfg,
+            progress,
+            executor,
+            sentences,
+            candidates,
+            status,
+            rewrites,
+            rw_status,
+            lazy,
+            reuse,
+            key,
+        )
+    finally:
+        drop_run_state(key)
+
+
+def _run(
+    cfg, progress, executor, sentences, candidates, status, rewrites, rw_status, lazy, reuse, key
+) -> dict[str, Any]:
     info, sent_metrics = _embed_dataset(
-        "sentences", sentences, S.ID, cfg.output, cfg, lazy, None, progress, "embedded"
+        "sentences",
+        sentences,
+        S.ID,
+        cfg.output,
+        cfg,
+        lazy,
+        None,
+        progress,
+        "embedded",
+        executor=executor,
+        key=key,
     )
     _, cand_metrics = _embed_dataset(
         "candidates",
@@ -383,6 +502,8 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         status,
         reuse=reuse,
         also=sentences,
+        executor=executor,
+        key=key,
     )
     _, rw_metrics = _embed_dataset(
         "rewrites",
@@ -396,6 +517,8 @@ def run(cfg: EmbedConfig, progress: bool = True) -> dict[str, Any]:
         rw_status,
         reuse=reuse,
         also=sentences,
+        executor=executor,
+        key=key,
     )
     dim, dtype = embeddings_layout(cfg.output)
     metrics = {
@@ -475,6 +598,17 @@ def command(
     metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
     params: ParamsOpt = "params.yaml",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-w",
+            help="0: run in this process; N: a Dask LocalCluster of N worker processes. "
+            "Default: one worker per GPU when CUDA sees several (and --device is auto or cuda), "
+            "else 0.",
+        ),
+    ] = None,
+    scheduler: SchedulerOpt = None,
     progress: ProgressOpt = True,
 ) -> None:
     """Embed the sentences, the augmentation candidates and the LLM rewrites with one encoder.
@@ -484,5 +618,35 @@ def command(
     """
     overrides = {k: v for k, v in locals().items() if k in EmbedConfig.model_fields}
     cfg = stage_config(STAGE, EmbedConfig, params, overrides)
-    with writer_locks(cfg.output, cfg.candidates_output, cfg.rewrites_output):
-        run(cfg, progress=progress)
+    gpus = _gpu_workers(cfg.device) if workers is None and not scheduler else 0
+    if gpus:
+        from pairforge.pipeline.runner import DaskExecutor
+
+        log.info("embed: %d GPUs: one Dask worker per device", gpus)
+        outputs = (cfg.output, cfg.candidates_output, cfg.rewrites_output)
+        with writer_locks(*outputs):
+            ex = DaskExecutor(
+                workers=gpus, worker_env=[{"CUDA_VISIBLE_DEVICES": str(d)} for d in range(gpus)]
+            )
+            try:
+                run(cfg.model_copy(update={"device": "cuda"}), progress=progress, executor=ex)
+            finally:
+                ex.close()
+        return
+    with (
+        writer_locks(cfg.output, cfg.candidates_output, cfg.rewrites_output),
+        executor(workers or 0, scheduler) as ex,
+    ):
+        run(cfg, progress=progress, executor=ex)
+
+
+def _gpu_workers(device: str) -> int:
+    """GPUs to give a worker each: CUDA's device count when it is above 1 and ``device`` lets
+    the encoder choose (auto or cuda), else 0 (one GPU or none: in this process). Untested on
+    a machine with GPUs."""
+    if device not in ("auto", "cuda"):
+        return 0
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count if count > 1 else 0

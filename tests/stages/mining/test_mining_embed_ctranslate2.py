@@ -9,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 from mining_helpers import copy_project, make_texts, read_json
+from pairforge.pipeline import runner
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.shards import open_dataset
-from pairforge.stages import embed as embed_stage
 from pairforge.stages.embed import EmbedConfig, run
 from pairforge.stages.mining.encoder import TextEncoder
 from pairforge.stages.mining.inputs import load_vectors, open_embeddings
@@ -132,19 +132,19 @@ def test_stage_records_the_engine_and_resumes(tiny_bert, mining_inputs, tmp_path
 
     # Killed after two sentence shards; the rerun computes only the other four.
     root = copy_project(mining_inputs, tmp_path / "killed")
-    write = embed_stage.write_vectors
+    write = runner.write_shard  # embed's shards are written by the shard runner
     written = []
 
-    def dying(writer, index, table, counts=None):
+    def dying(folder, index, *args, **kwargs):
         if len(written) == 2:
             raise _Killed
         written.append(index)
-        return write(writer, index, table, counts)
+        return write(folder, index, *args, **kwargs)
 
-    monkeypatch.setattr(embed_stage, "write_vectors", dying)
+    monkeypatch.setattr(runner, "write_shard", dying)
     with pytest.raises(_Killed):
         run(_cfg(root, tiny_bert), progress=False)
-    monkeypatch.setattr(embed_stage, "write_vectors", write)
+    monkeypatch.setattr(runner, "write_shard", write)
     resumed = run(_cfg(root, tiny_bert), progress=False)
     assert resumed["sentences"]["computed_shards"] == 4
     got = load_vectors(open_embeddings(root / "data/embeddings/sentences"), ids)
