@@ -323,6 +323,12 @@ def test_other_encoder_is_a_clear_error(mined, tmp_path):
     write_embeddings(root / "data/embeddings/candidates", ids, v, rows, {**INFO, "pooling": "cls"})
     with pytest.raises(PairforgeError, match="different encoders .*pooling: 'mean' vs 'cls'"):
         run(_cfg(root), progress=False)
+    # The same model run int8 by CTranslate2 is another encoder too (a manifest naming no
+    # engine was written by transformers).
+    int8 = {**INFO, "engine": "ctranslate2", "compute_type": "int8"}
+    write_embeddings(root / "data/embeddings/candidates", ids, v, rows, int8)
+    with pytest.raises(PairforgeError, match="engine: 'transformers' vs 'ctranslate2'"):
+        run(_cfg(root), progress=False)
 
 
 def test_without_candidates_negatives_only(mined, tmp_path):
