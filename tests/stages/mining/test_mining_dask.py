@@ -120,3 +120,37 @@ def test_mine_in_process_threads_write_the_same_bytes(mined, tmp_path):  # noqa:
         ex.close()
     assert metrics["anchors"] == plain["anchors"] == 240
     assert metrics["candidates_in_pools"] == plain["candidates_in_pools"] > 0
+
+
+def _embed(root: Path, model: Path, **kw):
+    from pairforge.stages.embed import run as embed
+    from test_mining_embed import _cfg as embed_cfg
+
+    return lambda executor: embed(embed_cfg(root, model, **kw), progress=False, executor=executor)
+
+
+def test_embed_on_two_dask_workers_writes_the_same_bytes(
+    mining_inputs, tiny_bert, cluster, tmp_path
+):
+    """Sentences and candidates (the candidates equal to their sentence reuse its vector, read
+    by the workers from the sentence embeddings): the same bytes as in-process, on torch with
+    all threads in the driver and one thread per Dask worker."""
+    root = copy_project(mining_inputs, tmp_path)
+    run = _embed(root, tiny_bert)
+    plain = run(executor=None)
+    before = {
+        name: folder_bytes(root / "data/embeddings" / name) for name in ("sentences", "candidates")
+    }
+    shutil.rmtree(root / "data/embeddings")
+    metrics = run(executor=cluster)
+    for name in ("sentences", "candidates"):
+        after = folder_bytes(root / "data/embeddings" / name)
+        assert sorted(after) == sorted(before[name])
+        differ = [f for f in after if after[f] != before[name][f]]
+        assert not differ, f"embeddings/{name}: files differ from the in-process run: {differ}"
+        assert metrics[name]["computed_shards"] == metrics[name]["shards"] >= 4
+    assert (
+        metrics["candidates"]["reused_sentence_vectors"]
+        == plain["candidates"]["reused_sentence_vectors"]
+        > 0
+    )
