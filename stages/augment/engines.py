@@ -368,6 +368,26 @@ class CTranslate2Translator(_MarianText):
         for as long as the drawn tokens equal the greedy ones (they are exact there)."""
         import torch
 
+        # The sampler's tensors are small; torch's thread pool waking between CTranslate2's
+        # calls only fights CTranslate2's own threads for the cores.
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._sample_rows(batch, tokens, decoding, max_new, min_new, seed)
+        finally:
+            torch.set_num_threads(torch_threads)
+
+    def _sample_rows(
+        self,
+        batch: list[list[int]],
+        tokens: list[list[str]],
+        decoding: Decoding,
+        max_new: int,
+        min_new: int,
+        seed: int,
+    ) -> list[list[str]]:
+        import torch
+
         n = decoding.n
         sources = [t for t in tokens for _ in range(n)]  # (rows,) input-major
         u = torch.from_numpy(uniforms_table(row_seeds(seed, decoding, batch), max_new))
