@@ -154,3 +154,14 @@ def test_embed_on_two_dask_workers_writes_the_same_bytes(
         == plain["candidates"]["reused_sentence_vectors"]
         > 0
     )
+
+
+@pytest.mark.parametrize("stage", ["embed", "mine", "sample"])
+def test_commands_take_workers_and_scheduler(stage):
+    from pairforge.pipeline.cli import app
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, [stage, "--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for option in ("--workers", "--scheduler"):
+        assert option in result.output, f"pairforge {stage} has no {option}"
