@@ -304,11 +304,10 @@ class EmbedShard:
             state = _STATE.get(self.key)
             if state is None:
                 _STATE.clear()
+                state = _STATE[self.key] = {"lazy": _LazyEncoder(self.cfg)}
+            if self.reuse and state.get("reuse") is None:
                 sentences = open_dataset(self.cfg.sentences, S.SENTENCES)
-                state = _STATE[self.key] = {
-                    "lazy": _LazyEncoder(self.cfg),
-                    "reuse": _SentenceVectors(self.cfg, sentences),
-                }
+                state["reuse"] = _SentenceVectors(self.cfg, sentences)
             return state
 
     def __call__(self, table: pa.Table) -> ShardResult:

@@ -530,7 +530,8 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
             ex = executor or LocalExecutor()
             in_process = isinstance(ex, LocalExecutor)
             key = f"{fp}:{cfg.threads}:{cfg.query_batch}"
-            index_path = Path(cfg.output) / "_work" / SEARCH_FILE
+            # Absolute: a worker of a --scheduler cluster may run in another folder.
+            index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
             if not in_process:
                 _write_search_index(index, index_path)
             state = {"searcher": searcher, "texts": texts, "ids": ids} if in_process else None
