@@ -126,3 +126,37 @@ def test_threaded_local_executor_bounds_in_flight_work_and_raises():
     with pytest.raises(ValueError, match="bad shard 3"):
         list(executor.map_unordered(boom, range(6)))
     executor.close()
+
+
+def tagged(table: pa.Table, index: int) -> ShardResult:
+    """Writes its shard index into the text; reports a fact that must stay out of the shard."""
+    out = table.set_column(1, S.TEXT, pa.array([f"{index}:{t}" for t in table[S.TEXT].to_pylist()]))
+    return ShardResult({"out": out}, {"rows": table.num_rows}, {"index": index, "seconds": 0.5})
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_with_index_and_facts(tmp_path, threads):
+    make_input(tmp_path)
+    inputs = open_dataset(tmp_path / "in", S.SENTENCES)
+    out = DatasetWriter(tmp_path / "out", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    facts: list[dict] = []
+    ex = LocalExecutor(threads)
+    try:
+        map_shards(tagged, inputs, {"out": out}, ex, "t", False, with_index=True, facts=facts)
+    finally:
+        ex.close()
+    assert sorted(f["index"] for f in facts) == [0, 1, 2]
+    out.finalize(3)
+    result = open_dataset(tmp_path / "out", S.SENTENCES)
+    assert result.read_table([S.TEXT])[S.TEXT].to_pylist() == [
+        f"{i}:{t}" for i in range(3) for t in ("x y", "z w")
+    ]
+    # Counts go into the manifest; facts never do.
+    assert [s["counts"] for s in result.manifest["shards"]] == [{"rows": 2}] * 3
+    assert "seconds" not in (tmp_path / "out" / "_manifest.json").read_text()
+    # map_tables passes the index and collects facts the same way.
+    out2 = DatasetWriter(tmp_path / "out2", S.SENTENCES, stage="t", params={}, fingerprint="h")
+    facts.clear()
+    tables = ((i, inputs.read_shard(i)) for i in range(3))
+    map_tables(tagged, tables, {"out": out2}, LocalExecutor(), "t", False, True, facts)
+    assert sorted(f["index"] for f in facts) == [0, 1, 2]
