@@ -322,6 +322,8 @@ def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts
             "engine": settings.engine,
             "compute_type": settings.compute_type,
             "device": settings.device,
+            # What CTranslate2's CPU kernels were pinned to (auto: this CPU's best).
+            "cpu_isa": settings.cpu_isa if settings.pins_cpu_isa else "auto",
         },
         "models": {
             k: {
