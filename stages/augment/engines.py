@@ -104,7 +104,7 @@ def engine_settings(
     if cpu_isa not in CPU_ISAS:
         raise ConfigError(f"cpu_isa {cpu_isa!r}: allowed values: {', '.join(CPU_ISAS)}")
     if engine == "ctranslate2" and device in ("auto", "cpu"):
-        pin_cpu_isa(cpu_isa)  # before the CUDA probe below imports ctranslate2
+        cpu_isa = pin_cpu_isa(cpu_isa)  # before the CUDA probe below imports ctranslate2
     if device == "auto":
         device = "cuda" if _cuda_available(engine) else "cpu"
     if device not in ("cpu", "cuda"):
@@ -451,8 +451,9 @@ class CTranslate2Translator(_MarianText):
         return [texts[i * n : (i + 1) * n] for i in range(len(batch))]
 
 
-def pin_cpu_isa(wanted: str) -> None:
-    """Make CTranslate2 run ``wanted`` CPU kernels in this process (``auto``: nothing to do).
+def pin_cpu_isa(wanted: str) -> str:
+    """Make CTranslate2 run ``wanted`` CPU kernels in this process (``auto``: nothing to do);
+    returns the ISA in effect (``auto`` when this CPU lacks ``wanted``).
 
     CTranslate2 reads ``CT2_FORCE_CPU_ISA`` partly when its library loads (a later value gets
     the ISA named in its log but some kernels stay the CPU's best), so this must run before
@@ -460,13 +461,7 @@ def pin_cpu_isa(wanted: str) -> None:
     ARM, say) keeps its own best, with a warning: outputs may then differ from other machines.
     """
     if wanted == "auto" or os.environ.get("CT2_FORCE_CPU_ISA") == wanted:
-        return
-    if "ctranslate2" in sys.modules:
-        raise ConfigError(
-            f"cpu_isa {wanted}: CTranslate2 was loaded in this process before it "
-            f"could apply; set CT2_FORCE_CPU_ISA={wanted} in the environment or run the stage "
-            "in a fresh process"
-        )
+        return wanted
     if not _cpu_has(wanted):
         log.warning(
             "backtranslate.cpu_isa %s: this CPU does not have it; CTranslate2 uses the CPU's "
@@ -474,8 +469,15 @@ def pin_cpu_isa(wanted: str) -> None:
             wanted,
             wanted,
         )
-        return
+        return "auto"
+    if "ctranslate2" in sys.modules:
+        raise ConfigError(
+            f"cpu_isa {wanted}: CTranslate2 was loaded in this process before it "
+            f"could apply; set CT2_FORCE_CPU_ISA={wanted} in the environment or run the stage "
+            "in a fresh process"
+        )
     os.environ["CT2_FORCE_CPU_ISA"] = wanted
+    return wanted
 
 
 def _cpu_has(isa: str) -> bool:

@@ -118,3 +118,15 @@ def test_cpu_isa_is_validated_and_must_precede_loading_ctranslate2(monkeypatch, 
     assert "cpu_isa" not in engine_settings("ctranslate2", "cpu", "int8", 1, "m").identity()
     other = engine_settings("transformers", "cpu", "auto", 1, "m", "AVX2")
     assert "cpu_isa" not in other.identity()
+
+
+def test_a_cpu_without_the_pinned_isa_falls_back_with_a_warning(monkeypatch, caplog, tmp_path):
+    from pairforge.stages.augment import engines
+
+    monkeypatch.delenv("CT2_FORCE_CPU_ISA", raising=False)
+    monkeypatch.setattr(engines, "_cpu_has", lambda isa: False)
+    with caplog.at_level("WARNING", logger="pairforge"):
+        settings = engine_settings("ctranslate2", "cpu", "float32", 1, str(tmp_path), "AVX512")
+    assert settings.cpu_isa == "auto" and "cpu_isa" not in settings.identity()
+    assert "cpu_isa AVX512: this CPU does not have it" in caplog.text
+    assert "CT2_FORCE_CPU_ISA" not in os.environ
