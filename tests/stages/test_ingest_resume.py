@@ -122,6 +122,7 @@ def wait_for_markers(path: Path, proc: subprocess.Popen, count: int, timeout: fl
         time.sleep(0.005)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(4))
 def test_sigkill_then_resume_gives_identical_output(reference, tmp_path, trial):
     """Up to three kills per trial. The first waits for a random number of finished chunks, so
@@ -170,6 +171,7 @@ def test_resume_skips_finished_shards(reference, tmp_path):
     assert snapshot(tmp_path) == expected
 
 
+@pytest.mark.slow
 def test_dask_local_cluster_matches_in_process(reference, tmp_path):
     _, expected, _ = reference
     make_project(tmp_path)

@@ -106,6 +106,7 @@ T.run(T.TrainConfig(**json.loads(open(sys.argv[1]).read())), progress=False)
 """
 
 
+@pytest.mark.slow
 def test_torchrun_with_two_cpu_processes_trains_like_one(
     tmp_path, tiny_sentences, _tiny_mlm_once, tiny_tokenizer, sts_dir
 ):

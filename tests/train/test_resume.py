@@ -61,6 +61,7 @@ def losses(out):
     return [h["loss"] for h in json.loads((out / "history.json").read_text())["history"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("objective", "mode", "at", "resumes_from"),
     [("bsl", "checkpoint", 10, 10), ("debcse", "midstep", 15, 10), ("simcse", "saving", 20, 10)],
@@ -148,6 +149,7 @@ def _folder_bytes(folder):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("point", "eval_every"), [("export", 0), ("history", 5)])
 def test_killed_in_the_finishing_step_resumes_to_the_same_folder(
     point, eval_every, tmp_path, tiny_sentences, tiny_model_dir, sts_dir

@@ -70,6 +70,7 @@ def snapshot(path: Path) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_equals_a_clean_run(tmp_path, tiny_marian):
     clean = make_project(tmp_path / "clean", tiny_marian)
     result = run_cli(["backtranslate", "--no-progress"], cwd=clean)

@@ -66,6 +66,7 @@ def test_sample_threads_write_the_same_bytes(mined, tmp_path):  # noqa: F811
     assert metrics["counts"]["edit_pairs"] > 0 and metrics["edit"]["pairs_per_second"] > 0
 
 
+@pytest.mark.slow
 def test_sample_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path):  # noqa: F811
     root = copy_project(mined, tmp_path)
     plain, metrics = _plain_then(root, "data/pairs", _sample(root), cluster)
@@ -92,6 +93,7 @@ def _mine(root: Path, **kw):
     return lambda executor: mine(cfg, progress=False, executor=executor)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 def test_mine_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path, kind):  # noqa: F811
     """The workers search the driver's index mapped from <output>/_work (a flat index's
@@ -129,6 +131,7 @@ def _embed(root: Path, model: Path, **kw):
     return lambda executor: embed(embed_cfg(root, model, **kw), progress=False, executor=executor)
 
 
+@pytest.mark.slow
 def test_embed_on_two_dask_workers_writes_the_same_bytes(
     mining_inputs, tiny_bert, cluster, tmp_path
 ):

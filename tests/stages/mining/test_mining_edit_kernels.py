@@ -230,6 +230,7 @@ print(json.dumps({**facts, "got": got, "signatures": len(pair_kernel.signatures)
 """
 
 
+@pytest.mark.slow
 def test_kernels_compile_once_and_later_processes_load_them(tmp_path):
     """A fresh cache compiles one specialisation (read-only inputs accepted without a second
     compilation); a second process loads it from the cache instead of compiling."""

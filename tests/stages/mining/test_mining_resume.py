@@ -102,6 +102,7 @@ def _kill_after_markers(proc: subprocess.Popen, progress: Path, markers: int) ->
     return len(list(progress.glob("part-*.json"))) if progress.is_dir() else 0
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_gives_identical_output(inputs, reference, tmp_path):
     root = copy_project(inputs, tmp_path)
     for stage, outputs in OUTPUTS.items():
