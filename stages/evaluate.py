@@ -318,7 +318,9 @@ def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, metrics
             if n and n["scored"] < n["total"]
             else f"{n.get('total', '?')} pairs"
         )
-        where = metrics["demo_data"] if task in sts.DEMO_TASKS else metrics["data"]
+        # The configured spec ($PAIRFORGE_SHARED_DATA/sts), not this machine's folder: the report
+        # is committed and read on other machines.
+        where = metrics["demo_data"] if task in sts.DEMO_TASKS else cfg.data
         sets.append(f"{label(task)} ({count}, `{where}`)")
     lines = [
         "# Evaluation",
