@@ -63,6 +63,9 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
             {"grads": local, "offset": distributed.row_offset(half)}, f"{folder}/rank{rank}.pt"
         )
     finally:
+        # Both ranks leave together: a rank that tears gloo down while the other is still in
+        # its last collective aborts ("terminate called without an active exception").
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
