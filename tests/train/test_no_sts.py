@@ -169,6 +169,10 @@ def test_evaluate_with_sts_scores_both_and_says_when_it_sampled(
     assert metrics["tasks"] == ["demo_test", *sts.TEST_TASKS] and metrics["skipped"] == []
     assert metrics["align_task"] == "stsb" and metrics["data"] == str(sts_dir)
     assert metrics["pairs"]["demo_test"] == {"scored": 50, "total": 240}
+    # Avg. is the STS average, comparable with published figures; the demo set stands beside it.
+    for scores in metrics["models"].values():
+        sts_mean = sum(scores[t] for t in sts.TEST_TASKS) / len(sts.TEST_TASKS)
+        assert abs(scores["avg"] - sts_mean) < 1e-6 and scores["avg"] != scores["demo_test"]
     report = (tmp_path / "reports/evaluate.md").read_text()
     assert "Demo test (50 of 240 pairs" in report and "Not scored" not in report
     assert "**Quick check on a seeded sample of at most 50 pairs per task" in report
