@@ -243,6 +243,22 @@ def vocabulary() -> list[str]:
     return SPECIAL + PUNCT + sorted({w.lower() for w in WORDS})
 
 
+def stage_params(model: Path, corpus_name: str, batch_size: int = 16) -> dict:
+    """embed, mine and sample sections for a tiny BERT on one thread (the kill tests' project)."""
+    return {
+        "embed": {
+            "model": str(model),
+            "pooling": "mean",
+            "max_length": 32,
+            "batch_size": batch_size,
+            "device": "cpu",
+            "threads": 1,
+        },
+        "mine": {"k": 16, "band_low": 0.0, "band_high": 0.9, "threads": 1},
+        "sample": {"corpus_name": corpus_name, "corpus_license": "CC0-1.0", "threads": 1},
+    }
+
+
 def write_params(path: Path, sections: dict) -> None:
     (path / "params.yaml").write_text(yaml.safe_dump(sections, sort_keys=False))
 

@@ -18,6 +18,7 @@ from mining_helpers import (
     candidate_rows,
     copy_project,
     make_texts,
+    stage_params,
     write_candidates,
     write_params,
     write_sentences,
@@ -60,21 +61,6 @@ RUN_KEYS = {
 }
 
 
-def _params(model: Path) -> dict:
-    return {
-        "embed": {
-            "model": str(model),
-            "pooling": "mean",
-            "max_length": 32,
-            "batch_size": 32,
-            "device": "cpu",
-            "threads": 1,
-        },
-        "mine": {"k": 16, "band_low": 0.0, "band_high": 0.9, "threads": 1},
-        "sample": {"corpus_name": "finish test", "corpus_license": "CC0-1.0", "threads": 1},
-    }
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, tiny_bert) -> Path:
     """200 sentences in 4 shards, 800 candidates in 4 shards, and every stage run once."""
@@ -85,7 +71,7 @@ def project(tmp_path_factory, tiny_bert) -> Path:
     write_candidates(
         root / "data/candidates", candidate_rows(ids, texts, seed=3), rows_per_shard=200
     )
-    write_params(root, _params(tiny_bert))
+    write_params(root, stage_params(tiny_bert, "finish test", batch_size=32))
     for stage in STAGES:
         result = run_cli([stage, "--no-progress"], cwd=root)
         assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ from mining_helpers import (
     candidate_rows,
     copy_project,
     make_texts,
+    stage_params,
     write_candidates,
     write_params,
     write_sentences,
@@ -31,21 +32,6 @@ OUTPUTS = {
 }
 
 
-def _params(model: Path) -> dict:
-    return {
-        "embed": {
-            "model": str(model),
-            "pooling": "mean",
-            "max_length": 32,
-            "batch_size": 16,
-            "device": "cpu",
-            "threads": 1,
-        },
-        "mine": {"k": 16, "band_low": 0.0, "band_high": 0.9, "threads": 1},
-        "sample": {"corpus_name": "resume test", "corpus_license": "CC0-1.0", "threads": 1},
-    }
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, tiny_bert) -> Path:
     """1500 sentences in 60 shards and 6000 candidates in 60 shards: plenty of shards to kill in."""
@@ -56,7 +42,7 @@ def inputs(tmp_path_factory, tiny_bert) -> Path:
     write_candidates(
         root / "data/candidates", candidate_rows(ids, texts, seed=5), rows_per_shard=100
     )
-    write_params(root, _params(tiny_bert))
+    write_params(root, stage_params(tiny_bert, "resume test", batch_size=16))
     return root
 
 
