@@ -556,11 +556,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"mined: {', '.join(pairs)} in {time.perf_counter() - t0:.0f} s", flush=True)
         pipeline = yaml.safe_load((folder / "params.yaml").read_text())
         base = untrained(runs, pipeline, args)
-        for start in args.starts:
-            for name in args.rows:
-                if start != "cls" and (ROWS[name].prompt or name not in args.mean_rows):
-                    continue
-                for seed in args.seeds:
+        # Seed-major: a table cut short still holds whole seeds, so its differences are paired.
+        for seed in args.seeds:
+            for start in args.starts:
+                for name in args.rows:
+                    if start != "cls" and (ROWS[name].prompt or name not in args.mean_rows):
+                        continue
                     run_one(runs, name, start, seed, pairs, pipeline, args)
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
     records = [json.loads(p.read_text()) for p in sorted(runs.glob("*/*/seed*/scores.json"))]
