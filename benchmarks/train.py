@@ -96,12 +96,12 @@ class Encodings:
 
 
 def run_pairforge(args, data: Path, out: Path) -> dict:
-    from pairforge.train.loop import Trainer, TrainSettings, quiet_transformers
+    from pairforge.stages.train import TrainConfig, settings_for
+    from pairforge.train.loop import Trainer, quiet_transformers
 
-    settings = TrainSettings(
-        objective="simcse",
+    config = TrainConfig(
         model=MODEL,
-        options={"temperature": 0.05},
+        objective="simcse",
         batch_size=args.batch,
         lr=args.lr,
         max_steps=args.warmup + args.steps,
@@ -111,7 +111,9 @@ def run_pairforge(args, data: Path, out: Path) -> dict:
         eval_every=0,
         log_every=10**9,
         buffer_size=10_000,
+        recipes={"simcse": {"options": {"temperature": 0.05}}},
     )
+    settings = settings_for(config)
     marks: dict[int, float] = {}
 
     def on_step(trainer) -> None:

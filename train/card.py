@@ -44,8 +44,11 @@ POOLING_WORDS = {
     "mean": "the mean of the token states",
     "mask": "the last [MASK] token's state, the sentence wrapped in a prompt",
 }
-# The settings a reader needs to reproduce the run; the rest are in pairforge.json.
-RECIPE_KEYS = (
+# The settings the card's recipe table shows, in this order: what a reader needs to reproduce
+# the run (the recipe's keys without the dev-evaluation ones, plus precision and seed). A choice
+# of display, not a declaration: the keys and their defaults are train's config
+# (stages/train.py); every setting of the run is in pairforge.json.
+CARD_SETTINGS = (
     "batch_size",
     "lr",
     "weight_decay",
@@ -270,7 +273,7 @@ def model_card(
     ]
     for key, value in sorted((info.get("options") or {}).items()):
         lines.append(f"| `{objective}.{key}` | {_cell(value)} |")
-    for key in RECIPE_KEYS:
+    for key in CARD_SETTINGS:
         if key in settings:
             lines.append(f"| {key} | {_cell(settings[key])} |")
     lines += ["", "Every setting of the run is in `pairforge.json`.", "", "## Evaluation", ""]

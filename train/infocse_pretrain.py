@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,21 +57,34 @@ HISTORY_FILE = "history.json"
 
 @dataclass(frozen=True)
 class PretrainSettings:
-    """Hyperparameters of the pre-training run (the ``pretrain`` params section maps onto it)."""
+    """Hyperparameters of the pre-training run, taken from the ``pretrain`` config by field name
+    (``of``), with ``steps`` resolved (the config's 0 means "from epochs").
 
-    lower_layers: int = 6
-    head_layers: int = 2
-    mask_rate: float = 0.15
-    aux_weight: float = 1.0
-    train_backbone: bool = True
-    max_length: int = 32
-    batch_size: int = 64
-    steps: int = 1000
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    seed: int = 42
-    checkpoint_every: int = 100
+    ``PretrainConfig`` (``stages/pretrain.py``) declares these keys, their validation and their
+    defaults; this view declares none. It exists because ``train/`` must not import the stage
+    module, and its fields are what the result's ``settings`` record holds.
+    """
+
+    lower_layers: int
+    head_layers: int
+    mask_rate: float
+    aux_weight: float
+    train_backbone: bool
+    max_length: int
+    batch_size: int
+    steps: int
+    learning_rate: float
+    weight_decay: float
+    warmup_ratio: float
+    seed: int
+    checkpoint_every: int
+
+    @classmethod
+    def of(cls, config: Any, steps: int) -> PretrainSettings:
+        """The view of ``config`` (a ``PretrainConfig``, or anything with its field names) with
+        ``steps`` optimiser steps."""
+        values = {f.name: getattr(config, f.name) for f in fields(cls) if f.name != "steps"}
+        return cls(steps=steps, **values)
 
 
 class PretrainModel(nn.Module):

@@ -24,7 +24,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,38 +61,46 @@ HISTORY = "history.json"
 Hook = Callable[["Trainer"], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainSettings:
-    """Everything one training run reads; the ``train`` stage builds it from params."""
+    """Everything one training run reads: the ``train`` config's keys with the objective's recipe
+    applied (``stages/train.py``, ``settings_for``, builds it field by field by name).
+
+    The config (``TrainConfig``) declares every key, its validation and its default; this view
+    declares none. It exists because the loop must not import the stage module, and because a run
+    is fingerprinted by its own resolved settings only: the config also holds the other
+    objectives' recipes, which must not retrain this one when edited. ``max_grad_norm`` is None
+    for no clipping (the config's 0); ``options`` are the objective's recipe options.
+    """
 
     objective: str
     model: str
-    options: dict[str, Any] = field(default_factory=dict)
-    batch_size: int = 64
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    schedule: str = "linear"
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    max_steps: int | None = None
-    epochs: float = 1.0
-    max_length: int = 32
-    max_grad_norm: float | None = 1.0
-    precision: str = "auto"
-    device: str = "auto"
-    seed: int = 42
-    deterministic: bool = True
-    buffer_size: int = 10_000
-    save_every: int = 250
-    keep_checkpoints: int = 1
-    eval_every: int = 125
-    eval_tasks: tuple[str, ...] = ("stsb_dev", "sickr_dev")
-    eval_max_pairs: int | None = None
-    eval_batch_size: int = 128
-    sts_dir: str | None = None
-    demo_dir: str | None = None  # the demo evaluation set's folder (demo_dev)
-    log_every: int = 10
-    threads: int = -1
+    options: dict[str, Any]
+    batch_size: int
+    lr: float
+    weight_decay: float
+    schedule: str
+    warmup_steps: int
+    warmup_ratio: float
+    max_steps: int | None
+    epochs: float
+    max_length: int
+    max_grad_norm: float | None
+    precision: str
+    device: str
+    seed: int
+    deterministic: bool
+    buffer_size: int
+    save_every: int
+    keep_checkpoints: int
+    eval_every: int
+    eval_tasks: tuple[str, ...]
+    eval_max_pairs: int | None
+    eval_batch_size: int
+    sts_dir: str
+    demo_dir: str
+    log_every: int
+    threads: int
 
 
 class TrainModule(nn.Module):

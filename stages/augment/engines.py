@@ -59,12 +59,16 @@ CPU_ISAS: tuple[str, ...] = ("auto", "GENERIC", "AVX", "AVX2", "AVX512", "NEON")
 
 @dataclass(frozen=True)
 class EngineSettings:
+    """The translation engine as resolved by ``engine_settings``: ``auto`` device, compute type
+    and thread count replaced by what this machine gives. Not a twin of backtranslate's config,
+    which holds the requested values and their defaults; this holds the resolved ones."""
+
     engine: str
     device: str
     compute_type: str
     threads: int
     models_dir: str
-    cpu_isa: str = "auto"
+    cpu_isa: str
 
     def identity(self) -> dict[str, str]:
         """What of the engine changes outputs (device does not: same weights, same maths)."""

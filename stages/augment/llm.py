@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from pairforge.pipeline.errors import ConfigError, PairforgeError
@@ -35,6 +35,13 @@ log = logging.getLogger("pairforge")
 
 @dataclass(frozen=True)
 class ChatSettings:
+    """What the chat client reads of the ``rewrite`` config, taken from it by field name (``of``).
+
+    ``RewriteConfig`` (``stages/rewrite.py``) declares these keys, their validation and their
+    defaults; this view declares none. It exists so that ``stages/augment`` depends on nothing
+    above it and the client sees only what it sends (the key's variable name, never a key).
+    """
+
     base_url: str
     model: str
     api_key_env: str
@@ -48,6 +55,11 @@ class ChatSettings:
     backoff_max: float
     concurrency: int
     requests_per_minute: int
+
+    @classmethod
+    def of(cls, config: Any) -> ChatSettings:
+        """The view of ``config`` (a ``RewriteConfig``, or anything with its field names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
     def messages(self, text: str) -> list[dict[str, str]]:
         user = self.prompt.replace("{text}", text)

@@ -19,7 +19,8 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,15 @@ _ATTEMPTS = 16
 
 @dataclass(frozen=True)
 class NoiseSettings:
+    """The noise one route draws: backtranslate's ``noise`` config taken by field name (``of``),
+    with the words to insert resolved and the seed given.
+
+    ``NoiseConfig`` (``stages/backtranslate.py``) declares these keys, their validation and their
+    defaults; this view declares none. It exists so that ``stages/augment`` depends on nothing
+    above it, and because two values are not the config's: ``vocabulary`` (the config's words,
+    or the corpus's frequent ones when it has none) and ``seed`` (the stage's, then the route's).
+    """
+
     copies: int
     kinds: tuple[str, ...]
     min_words: int
@@ -39,6 +49,13 @@ class NoiseSettings:
     vocabulary: tuple[str, ...]
     mask_token: str
     seed: int
+
+    @classmethod
+    def of(cls, config: Any, vocabulary: Sequence[str], seed: int) -> NoiseSettings:
+        """The view of ``config`` (a ``NoiseConfig``, or anything with its field names)."""
+        given = {"vocabulary": tuple(vocabulary), "seed": seed}
+        values = {f.name: getattr(config, f.name) for f in fields(cls) if f.name not in given}
+        return cls(**{**values, "kinds": tuple(values["kinds"]), **given})
 
 
 def frequent_words(texts: Iterable[str], top: int) -> list[str]:

@@ -42,23 +42,29 @@ SINGLE_VIEWS = (
 
 @dataclass(frozen=True)
 class DrawParams:
-    """What ``sample_shard`` reads of the ``sample`` config (see ``stages/sample.py``)."""
+    """What ``sample_shard`` reads of the ``sample`` config, taken from it by field name (``of``).
 
-    m: int = 2
-    m_positive: int | None = None
-    lambda_n: float = 0.8
-    lambda_p: float = 0.8
-    temperature: float = 1.0
-    ipw: str = "paper"
-    identical: str = "skip"
-    short: str = "keep"
-    positive_route: str = "en-zh-en"
-    view1_route: str = "en-de-en"
-    view2_route: str = "en-fr-en"
-    seed: int = 0
+    ``SampleConfig`` (``stages/sample.py``) declares these keys, their validation and their
+    defaults; this view declares none. It exists so that this pure shard function depends on
+    nothing above ``stages/mining`` and names exactly the keys that change its draws.
+    """
+
+    m: int
+    m_positive: int | None
+    lambda_n: float
+    lambda_p: float
+    temperature: float
+    ipw: str
+    identical: str
+    short: str
+    positive_route: str
+    view1_route: str
+    view2_route: str
+    seed: int
 
     @classmethod
     def of(cls, config: Any) -> DrawParams:
+        """The view of ``config`` (a ``SampleConfig``, or anything with its field names)."""
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 

@@ -18,23 +18,29 @@ INDEX_FILE = "index.faiss"
 
 @dataclass(frozen=True)
 class IndexSettings:
-    """What ``open_index`` reads of the ``mine`` config (see ``stages/mine.py``)."""
+    """What ``open_index`` reads of the ``mine`` config, taken from it by field name (``of``).
 
-    index: str = "auto"
-    flat_max: int = 50_000
-    nlist: int | None = None
-    nprobe: int | None = None
-    ivf_codec: str = "sq8"
-    train_size: int | None = None
-    train_iterations: int = 10
-    hnsw_m: int = 32
-    ef_construction: int = 200
-    ef_search: int = 128
-    use_gpu: str = "auto"
-    seed: int = 0
+    ``MineConfig`` (``stages/mine.py``) declares these keys, their validation and their defaults;
+    this view declares none. It exists so that ``stages/mining`` depends on nothing above it and
+    names exactly the keys that shape the index.
+    """
+
+    index: str
+    flat_max: int
+    nlist: int | None
+    nprobe: int | None
+    ivf_codec: str
+    train_size: int | None
+    train_iterations: int
+    hnsw_m: int
+    ef_construction: int
+    ef_search: int
+    use_gpu: str
+    seed: int
 
     @classmethod
     def of(cls, config: Any) -> IndexSettings:
+        """The view of ``config`` (a ``MineConfig``, or anything with its field names)."""
         return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 

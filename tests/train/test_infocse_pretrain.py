@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from pairforge.stages.pretrain import PretrainConfig
 from pairforge.train.infocse_aux import AUX_MANIFEST, AUX_WEIGHTS, read_aux_config
 from pairforge.train.infocse_pretrain import (
     CHECKPOINT_DIR,
@@ -33,8 +34,9 @@ from transformers import BertForMaskedLM, BertTokenizerFast
 
 from tests.conftest import ROOT
 
-SETTINGS = PretrainSettings(
-    lower_layers=1, steps=6, batch_size=4, checkpoint_every=2, learning_rate=1e-3, seed=3
+SETTINGS = PretrainSettings.of(
+    PretrainConfig(lower_layers=1, batch_size=4, checkpoint_every=2, learning_rate=1e-3, seed=3),
+    steps=6,
 )
 
 # Run in a subprocess: pre-train from the saved tiny model and SIGKILL ourselves right after
@@ -88,7 +90,7 @@ def test_batch_indices_walk_seeded_permutations_epoch_after_epoch():
 
 
 def test_learning_rate_warms_up_then_decays_to_zero():
-    settings = PretrainSettings(steps=10, warmup_ratio=0.2, learning_rate=1.0)
+    settings = PretrainSettings.of(PretrainConfig(warmup_ratio=0.2, learning_rate=1.0), steps=10)
     values = [learning_rate(step, settings) for step in range(10)]
     assert values[:3] == pytest.approx([0.5, 1.0, 1.0])
     assert values[2:] == pytest.approx([(10 - s) / 8 for s in range(2, 10)])
