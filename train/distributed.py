@@ -79,7 +79,14 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
+    """Leave the process group, every rank together (a no-op without one).
+
+    The barrier first: a rank that tears the group down while another is still in a collective
+    (or still working before its last one) aborts that rank ("terminate called without an
+    active exception" under gloo)."""
     if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -39,9 +39,8 @@ class SimCSEOptions(ObjectiveOptions):
     pooling: TrainablePooling | None = None
 
 
-class SimCSEHardNegativesOptions(ObjectiveOptions):
-    temperature: float = Field(0.05, gt=0)
-    pooling: TrainablePooling | None = None
+class SimCSEHardNegativesOptions(SimCSEOptions):
+    """SimCSE's options: the objective is SimCSE with more negatives in the loss."""
 
 
 class DebCSEOptions(ObjectiveOptions):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,6 +87,27 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(tmp_path):
             torch.testing.assert_close(
                 result["grads"][name], expected[name], rtol=1e-10, atol=1e-12
             )
+
+
+def _leave(rank: int, world: int, port: int, folder: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    if rank == 0:
+        time.sleep(1.0)  # rank 0 still writing its outputs while rank 1 is done
+        (Path(folder) / "rank0_done").write_text(repr(time.time()))
+    distributed.shutdown()
+    left = {"at": time.time(), "initialized": torch.distributed.is_initialized()}
+    (Path(folder) / f"rank{rank}_left.json").write_text(json.dumps(left))
+
+
+def test_shutdown_waits_for_every_rank_before_leaving(tmp_path):
+    mp.spawn(_leave, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    rank0_done = float((tmp_path / "rank0_done").read_text())
+    for rank in range(2):
+        left = json.loads((tmp_path / f"rank{rank}_left.json").read_text())
+        assert not left["initialized"]
+        assert left["at"] >= rank0_done  # rank 1 left only once rank 0 had reached shutdown
+    distributed.shutdown()  # no process group here: nothing to do
 
 
 def test_without_a_process_group_gather_is_the_identity():

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Objective, choose_pooling, pool_features
+from pairforge.train.objectives.base import (
+    Batch,
+    Encoder,
+    Features,
+    Objective,
+    choose_pooling,
+    pool_features,
+)
 from torch import nn
 
 
@@ -79,13 +86,21 @@ class SimCSE(Objective):
         self.pooler = training_head(hidden_size, self.pooling)
         self.temperature = temperature
 
-    def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
-        features = batch[columns.TEXT]
+    def embed(self, features: Features, encoder: Encoder) -> torch.Tensor:
+        """The training vectors of ``features``: pooled, then the training-only MLP (if any).
+        ``(rows, seq_len)`` inputs -> ``(rows, d)``."""
+        pooled, _ = pool_features(encoder, features, self.pooling)  # (rows, d)
+        return self.pooler(pooled)  # (rows, d)
+
+    def views(self, features: Features, encoder: Encoder) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two dropout views of the same sentences, ``(batch_size, d)`` each."""
         # One pass over the batch stacked twice: dropout masks are drawn per element, so the two
         # copies are two independently perturbed views, as in SimCSE's own code.
         doubled = {key: torch.cat([value, value]) for key, value in features.items()}
-        pooled, _ = pool_features(encoder, doubled, self.pooling)  # (2 * batch_size, d)
-        z = self.pooler(pooled)  # (2 * batch_size, d)
-        z1, z2 = z.chunk(2)  # (batch_size, d) each
+        z1, z2 = self.embed(doubled, encoder).chunk(2)  # (batch_size, d) each
+        return z1, z2
+
+    def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
+        z1, z2 = self.views(batch[columns.TEXT], encoder)
         loss = simcse_loss(z1, z2, self.temperature)
         return {"loss": loss, "contrastive": loss.detach()}

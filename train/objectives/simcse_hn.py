@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
 from pairforge.train.objectives import columns
-from pairforge.train.objectives.base import Batch, Encoder, Objective, choose_pooling, pool_features
-from pairforge.train.objectives.simcse import cosine_matrix, training_head
+from pairforge.train.objectives.base import Batch, Encoder
+from pairforge.train.objectives.simcse import SimCSE, cosine_matrix
 
 
 def simcse_hn_loss(
@@ -46,36 +46,23 @@ def simcse_hn_loss(
     return F.cross_entropy(logits, labels)  # SimCSE eq. 5 with dropout positives
 
 
-class SimCSEHardNegatives(Objective):
+class SimCSEHardNegatives(SimCSE):
     """SimCSE plus mined negatives: reads ``columns.TEXT`` ``(batch_size, seq_len)`` and all of
-    ``columns.NEGATIVE_TEXTS`` ``(batch_size, m, seq_len)``; the encoder in train mode."""
+    ``columns.NEGATIVE_TEXTS`` ``(batch_size, m, seq_len)``; the encoder in train mode.
+
+    SimCSE's constructor, options, pooling, training MLP and dropout views; only the loss's
+    candidates differ (the mined negatives, through the same encoder, pooling and MLP)."""
 
     name = "simcse_hn"
     columns = (columns.TEXT, columns.NEGATIVE_TEXTS)
-    pooling = "cls_before_pooler"  # SimCSE's; an instance takes the start model's (simcse.py)
-
-    def __init__(
-        self,
-        hidden_size: int,
-        temperature: float = 0.05,
-        pooling: str | None = None,
-        start_pooling: str | None = None,
-    ) -> None:
-        super().__init__()
-        self.pooling = choose_pooling(self.name, pooling, start_pooling, type(self).pooling)
-        self.pooler = training_head(hidden_size, self.pooling)
-        self.temperature = temperature
 
     def forward(self, batch: Batch, encoder: Encoder) -> dict[str, torch.Tensor]:
-        features = batch[columns.TEXT]
-        doubled = {key: torch.cat([value, value]) for key, value in features.items()}
-        pooled, _ = pool_features(encoder, doubled, self.pooling)  # (2 * batch_size, d)
-        z1, z2 = self.pooler(pooled).chunk(2)  # (batch_size, d) each
+        z1, z2 = self.views(batch[columns.TEXT], encoder)  # (batch_size, d) each
         negatives = batch[columns.NEGATIVE_TEXTS]
         batch_size, num_hard = negatives["input_ids"].shape[:2]
         hard = None
         if num_hard > 0:
-            flat, _ = pool_features(encoder, negatives, self.pooling)  # (batch_size * m, d)
-            hard = self.pooler(flat).reshape(batch_size, num_hard, -1)  # (batch_size, m, d)
+            flat = self.embed(negatives, encoder)  # (batch_size * m, d)
+            hard = flat.reshape(batch_size, num_hard, -1)  # (batch_size, m, d)
         loss = simcse_hn_loss(z1, z2, hard, self.temperature)
         return {"loss": loss, "contrastive": loss.detach()}
