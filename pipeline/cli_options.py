@@ -1,17 +1,28 @@
-"""Options every stage command shares, and the error handling that keeps failures to one line."""
+"""Each stage's command, generated from its config, with the options every stage shares and
+the error handling that keeps failures to one line.
+
+A stage declares its settings once, in its pydantic config: :func:`stage_command` turns the
+config's fields into the command's options (name, type, help from the field's description,
+default: the params.yaml key), so the command itself is its docstring and a few lines of body.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pairforge.pipeline.config import StageConfig, stage_config
 from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError, PairforgeError
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from pairforge.pipeline.runner import Executor
@@ -114,3 +125,139 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             release_all()
 
     return wrapper
+
+
+# --- a stage's command, generated from its config ---------------------------------------------
+
+# The options a stage body may take besides its config: name -> (annotation, default).
+SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "params": (ParamsOpt, "params.yaml"),
+    "workers": (WorkersOpt, 0),
+    "scheduler": (SchedulerOpt, None),
+    "progress": (ProgressOpt, True),
+}
+_SCALARS = (bool, int, float, str)
+
+
+def option_type(annotation: Any) -> tuple[type, tuple[str, ...], bool] | None:
+    """How a config field's type reads on the command line: ``(scalar, choices, repeated)``;
+    None for a field set in params.yaml only (a nested model, a mapping, a fixed-size tuple).
+    A ``Literal`` is a ``str`` with its choices; ``X | None`` is ``X``; ``list[X]`` is a
+    repeated option."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:
+            return option_type(members[0])
+        literals = [option_type(m) for m in members]
+        if all(t is not None and t[1] and not t[2] for t in literals):
+            return str, tuple(c for t in literals for c in t[1]), False  # type: ignore[union-attr]
+        raise TypeError(f"no command-line option for the union {annotation!r}")
+    if origin is typing.Literal:
+        return str, tuple(str(a) for a in args), False
+    if origin is list:
+        inner = option_type(args[0]) if args else None
+        if inner is None or inner[2]:
+            return None
+        return inner[0], inner[1], True
+    if origin in (tuple, dict) or (
+        isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    ):
+        return None
+    if annotation in _SCALARS:
+        return annotation, (), False
+    raise TypeError(f"no command-line option for the type {annotation!r}")
+
+
+def option_help(description: str | None, choices: tuple[str, ...] = ()) -> str | None:
+    """A field's description as its option's help; a ``Literal``'s choices follow it (in the
+    help, not the metavar column, which would squeeze the option names at 80 columns)."""
+    if not choices:
+        return description
+    listed = f"[{'|'.join(choices)}]"
+    return f"{description} {listed}" if description else listed
+
+
+def config_options(
+    model: type[BaseModel], names: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, tuple[Any, Any]]:
+    """One option per field of ``model`` that the command line can set, in field order:
+    name -> (``Annotated`` typer option, default None: the params.yaml key). The option is
+    ``--field-name`` (a bool: ``--field-name/--no-field-name``) unless ``names`` gives its
+    declarations; its help is the field's description (:func:`option_help`). A ``Literal`` is
+    a plain string on the command line: a value outside its choices is the config's one-line
+    error (exit 2), not a usage error."""
+    names = names or {}
+    unknown = set(names) - set(model.model_fields)
+    if unknown:
+        raise TypeError(f"{model.__name__}: option names for fields it lacks: {sorted(unknown)}")
+    options: dict[str, tuple[Any, Any]] = {}
+    for name, field in model.model_fields.items():
+        kind = option_type(field.annotation)
+        if kind is None:
+            continue
+        scalar, choices, repeated = kind
+        dashed = name.replace("_", "-")
+        flag = f"--{dashed}/--no-{dashed}" if scalar is bool else f"--{dashed}"
+        decls = names.get(name, (flag,))
+        info = typer.Option(
+            *decls,
+            help=option_help(field.description, choices),
+            show_default=False,
+        )
+        annotation = list[scalar] if repeated else scalar  # type: ignore[valid-type]
+        options[name] = (Annotated[annotation | None, info], None)
+    return options
+
+
+def stage_command(
+    stage: str, model: type[StageConfig], names: dict[str, tuple[str, ...]] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make ``body(cfg, ...)`` the ``stage`` command: one option per field of ``model``
+    (:func:`config_options`), each defaulting to the ``stage`` section of ``--params``; then
+    ``--params`` and every other parameter of ``body``: one named in :data:`SHARED_OPTIONS`
+    (``workers``, ``scheduler``, ``progress``, ``params``), one declared with its own
+    ``Annotated`` typer option (a stage's extra), or ``given``, the fields set on the command
+    line. The body receives the validated config; errors are one line (:func:`cli_errors`).
+    The body's docstring is the command's help."""
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., Any]:
+        fields = config_options(model, names)
+        hints = typing.get_type_hints(body, include_extras=True)
+        body_params = list(inspect.signature(body).parameters.values())[1:]
+        extras: dict[str, tuple[Any, Any]] = {"params": SHARED_OPTIONS["params"]}
+        for p in body_params:
+            if p.name == "given":
+                continue
+            if p.name in fields:
+                raise TypeError(f"{stage}: {p.name!r} is a config field and a body parameter")
+            if p.default is not inspect.Parameter.empty:
+                extras[p.name] = (hints[p.name], p.default)
+            elif p.name in SHARED_OPTIONS:
+                extras[p.name] = SHARED_OPTIONS[p.name]
+            else:
+                raise TypeError(f"{stage}: body parameter {p.name!r} is no shared option")
+        wanted = {p.name for p in body_params}
+
+        @functools.wraps(body)
+        def command(**kwargs: Any) -> Any:
+            overrides = {}
+            for name in fields:
+                value = kwargs.pop(name)
+                if value is not None and value != []:
+                    overrides[name] = value
+            cfg = stage_config(stage, model, kwargs["params"], overrides)
+            if "given" in wanted:
+                kwargs["given"] = frozenset(overrides)
+            return body(cfg, **{k: v for k, v in kwargs.items() if k in wanted})
+
+        parameters = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=ann, default=d)
+            for name, (ann, d) in {**fields, **extras}.items()
+        ]
+        command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in parameters}
+        del command.__wrapped__  # typer reads the generated signature, not the body's
+        return cli_errors(command)
+
+    return decorate

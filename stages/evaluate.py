@@ -33,11 +33,10 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import OptionalModelSpec, StageConfig, stage_config
+from pairforge.pipeline.cli_options import stage_command
+from pairforge.pipeline.config import OptionalModelSpec, StageConfig
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.shards import atomic_write_bytes
@@ -56,7 +55,8 @@ class EvaluateConfig(StageConfig):
         "$PAIRFORGE_SHARED_DATA/sts", description="STS data folder (SentEval layout); $VARS expand"
     )
     models: list[str] = Field(
-        ["models/*/model"], description="model folders or specs; globs match exported folders"
+        ["models/*/model"],
+        description="model folders or specs; globs match exported folders (on the command line: repeat -m)",
     )
     baseline: OptionalModelSpec = Field(
         "bert-base-uncased", description="the encoder training started from"
@@ -65,7 +65,11 @@ class EvaluateConfig(StageConfig):
         ["auto"], min_length=1, description="auto: as the folder says"
     )
     baseline_prompt: str = Field('"[X]" means [MASK].', description="template for mask pooling")
-    tasks: list[str] = Field(TEST_TASKS, min_length=1)
+    tasks: list[str] = Field(
+        TEST_TASKS,
+        min_length=1,
+        description="tasks to run (sts12..sts16, stsb, sickr, stsb_dev, sickr_dev, demo_test)",
+    )
     demo_data: str = Field(
         "data/demo/eval", description="the demo evaluation set's folder (demo_dev, demo_test)"
     )
@@ -77,14 +81,14 @@ class EvaluateConfig(StageConfig):
     max_pairs: int | None = Field(
         None, ge=1, description="pairs per task (seeded sample); null: all"
     )
-    seed: int = 0
-    batch_size: int = Field(128, ge=1)
+    seed: int = Field(0, description="seed of the pairs sampled under max_pairs")
+    batch_size: int = Field(128, ge=1, description="sentences per forward pass")
     max_length: int | None = Field(None, ge=4, description="tokens per sentence; null: the model's")
-    device: str = "auto"
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     threads: int = Field(-1, ge=-1, description="CPU threads for torch; -1: torch's default")
-    metrics: str = "metrics/evaluate.json"
-    report: str = "reports/evaluate.md"
-    plot: str = "reports/evaluate.png"
+    metrics: str = Field("metrics/evaluate.json", description="metrics JSON path")
+    report: str = Field("reports/evaluate.md", description="markdown report path")
+    plot: str = Field("reports/evaluate.png", description="alignment and uniformity figure (PNG)")
 
 
 def _label(path: str, described: dict[str, Any]) -> str:
@@ -382,46 +386,14 @@ def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, metrics
     return "\n".join(lines) + "\n"
 
 
-@cli_errors
-def command(
-    models: Annotated[
-        list[str] | None,
-        typer.Option("--model", "-m", help="Model folder or spec to evaluate; repeat for several."),
-    ] = None,
-    baseline: Annotated[str | None, typer.Option(help="The encoder training started from.")] = None,
-    data: Annotated[str | None, typer.Option(help="STS data folder (SentEval layout).")] = None,
-    tasks: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--task",
-            "-t",
-            help="Task to run; repeat (sts12..sts16, stsb, sickr, stsb_dev, sickr_dev, demo_test).",
-        ),
-    ] = None,
-    max_pairs: Annotated[
-        int | None, typer.Option(help="Pairs per task (seeded sample) for a quick check.")
-    ] = None,
-    sts_missing: Annotated[
-        str | None,
-        typer.Option(
-            help="Absent STS data: error (stop, say how to get it) or skip (score the rest)."
-        ),
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sentences per forward pass.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    report: Annotated[str | None, typer.Option(help="Markdown report path.")] = None,
-    params: ParamsOpt = "params.yaml",
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(
+    STAGE, EvaluateConfig, names={"models": ("--model", "-m"), "tasks": ("--task", "-t")}
+)
+def command(cfg: EvaluateConfig, progress: bool) -> None:
     """Score models on the demo evaluation set and STS12-16, STS-B, SICK-R, beside their base.
 
     Every option defaults to the key of the same name in the `evaluate` section of params.yaml.
     Without the STS data: clone SentEval and run data/downstream/get_transfer_data.bash (see the
     module docs for the layout); the demo profile then scores its own set (demo_test) alone.
     """
-    overrides = {
-        k: v for k, v in locals().items() if k in EvaluateConfig.model_fields and v is not None
-    }
-    cfg = stage_config(STAGE, EvaluateConfig, params, overrides)
     run(cfg, progress=progress)

@@ -20,22 +20,14 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    WorkersOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
@@ -71,20 +63,37 @@ REASONS = (
 class IngestConfig(StageConfig):
     """The ``ingest`` section of params.yaml."""
 
-    root: str = Field(".", description="folder holding the raw corpus (the stage's DVC dependency)")
-    inputs: list[str] = Field(min_length=1, description="files or globs under root, read in order")
-    format: Literal["auto", "txt", "jsonl", "csv", "tsv", "parquet"] = "auto"
+    root: str = Field(
+        ".",
+        description="folder holding the raw corpus, which the inputs are relative to (the stage's DVC dependency)",
+    )
+    inputs: list[str] = Field(
+        min_length=1,
+        description="files or globs under root, read in order (on the command line: repeat -i)",
+    )
+    format: Literal["auto", "txt", "jsonl", "csv", "tsv", "parquet"] = Field(
+        "auto", description="auto (from the file name), txt, jsonl, csv, tsv or parquet"
+    )
     field: str = Field("text", description="JSON field / CSV column / Parquet column to read")
-    min_words: int = Field(3, ge=0)
-    max_words: int = Field(128, ge=1)
-    max_chars: int = Field(2000, ge=1)
-    max_line_bytes: int = Field(1 << 20, ge=1024, description="longer records are never held whole")
-    invalid_utf8: Literal["quarantine", "replace"] = "quarantine"
-    rows_per_shard: int = Field(100_000, ge=1)
+    min_words: int = Field(3, ge=0, description="drop rows with fewer words (reason too_short)")
+    max_words: int = Field(128, ge=1, description="drop rows with more words (reason too_long)")
+    max_chars: int = Field(
+        2000, ge=1, description="drop rows with more characters (reason too_long)"
+    )
+    max_line_bytes: int = Field(
+        1 << 20,
+        ge=1024,
+        description="records above this size are dropped without being held in memory",
+    )
+    invalid_utf8: Literal["quarantine", "replace"] = Field(
+        "quarantine",
+        description="quarantine: drop rows that are not UTF-8; replace: keep them with U+FFFD",
+    )
+    rows_per_shard: int = Field(100_000, ge=1, description="rows per output Parquet shard")
     chunk_rows: int = Field(50_000, ge=1, description="rows per parallel work unit")
-    output: str = "data/sentences"
-    quarantine: str = "data/quarantine/ingest"
-    metrics: str = "metrics/ingest.json"
+    output: str = Field("data/sentences", description="output dataset folder")
+    quarantine: str = Field("data/quarantine/ingest", description="quarantine dataset folder")
+    metrics: str = Field("metrics/ingest.json", description="metrics JSON path")
 
     @model_validator(mode="after")
     def _words_order(self) -> IngestConfig:
@@ -510,60 +519,12 @@ def _metrics(counts: dict[str, int], sentences: DatasetWriter, quarantine: Datas
 # --- the command ------------------------------------------------------------------------------
 
 
-@cli_errors
-def command(
-    root: Annotated[str | None, typer.Option(help="Folder the inputs are relative to.")] = None,
-    inputs: Annotated[
-        list[str] | None,
-        typer.Option("--input", "-i", help="A file or glob under --root; repeat for several."),
-    ] = None,
-    format: Annotated[
-        str | None,
-        typer.Option(
-            "--format", help="auto (from the file name), txt, jsonl, csv, tsv or parquet."
-        ),
-    ] = None,
-    field: Annotated[
-        str | None,
-        typer.Option(help="JSON field, CSV/TSV column or Parquet column holding the text."),
-    ] = None,
-    min_words: Annotated[
-        int | None, typer.Option(help="Drop rows with fewer words (reason too_short).")
-    ] = None,
-    max_words: Annotated[
-        int | None, typer.Option(help="Drop rows with more words (reason too_long).")
-    ] = None,
-    max_chars: Annotated[
-        int | None, typer.Option(help="Drop rows with more characters (reason too_long).")
-    ] = None,
-    max_line_bytes: Annotated[
-        int | None,
-        typer.Option(help="Records above this size are dropped without being held in memory."),
-    ] = None,
-    invalid_utf8: Annotated[
-        str | None,
-        typer.Option(
-            help="quarantine: drop rows that are not UTF-8; replace: keep them with U+FFFD."
-        ),
-    ] = None,
-    rows_per_shard: Annotated[
-        int | None, typer.Option(help="Rows per output Parquet shard.")
-    ] = None,
-    chunk_rows: Annotated[int | None, typer.Option(help="Rows per parallel work unit.")] = None,
-    output: Annotated[str | None, typer.Option(help="Output dataset folder.")] = None,
-    quarantine: Annotated[str | None, typer.Option(help="Quarantine dataset folder.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    params: ParamsOpt = "params.yaml",
-    workers: WorkersOpt = 0,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, IngestConfig, names={"inputs": ("--input", "-i")})
+def command(cfg: IngestConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Read raw corpus files into clean, deduplicated, id'd sentence shards.
 
     Every option defaults to the key of the same name in the `ingest` section of params.yaml.
     Dropped rows go to the quarantine dataset with their reason, file and line.
     """
-    overrides = {k: v for k, v in locals().items() if k in IngestConfig.model_fields}
-    cfg = stage_config(STAGE, IngestConfig, params, overrides)
     with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

@@ -25,22 +25,14 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    WorkersOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
@@ -71,17 +63,18 @@ AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input ta
 class MineConfig(StageConfig):
     """The ``mine`` section of params.yaml."""
 
-    sentences: str = "data/sentences"
-    embeddings: str = "data/embeddings/sentences"
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
+    embeddings: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
     candidates: str | None = Field(
-        "data/candidates", description="the anchors' own augmentations, never their negatives"
+        "data/candidates",
+        description="candidates dataset: the anchors' own augmentations, never their negatives",
     )
     rewrites: str | None = Field(
         "data/rewrites",
         description="the anchors' LLM rewrites (rewrite stage): own augmentations too; null: none",
     )
-    output: str = "data/pools"
-    metrics: str = "metrics/mine.json"
+    output: str = Field("data/pools", description="pools dataset folder")
+    metrics: str = Field("metrics/mine.json", description="metrics JSON path")
     k: int = Field(64, ge=1, description="neighbours retrieved per anchor first (itself excluded)")
     pool_cap: int | None = Field(
         1024,
@@ -89,8 +82,12 @@ class MineConfig(StageConfig):
         description="k doubles while an anchor's band lasts, up to this many neighbours; "
         "null: k only",
     )
-    band_low: float = Field(0.25, ge=-1.0, le=1.0)
-    band_high: float = Field(0.75, ge=-1.0, le=1.0)
+    band_low: float = Field(
+        0.25, ge=-1.0, le=1.0, description="lowest cosine of a negative candidate"
+    )
+    band_high: float = Field(
+        0.75, ge=-1.0, le=1.0, description="highest cosine of a negative candidate"
+    )
     near_duplicate_threshold: float | None = Field(
         90.0,
         ge=0.0,
@@ -100,10 +97,14 @@ class MineConfig(StageConfig):
     min_pool: int = Field(
         2, ge=1, description="pool size below which the fallback applies (sample.m)"
     )
-    fallback: Literal["none", "widen", "random"] = "random"
-    widen_step: float = Field(0.05, gt=0.0)
+    fallback: Literal["none", "widen", "random"] = Field(
+        "random", description="short pools: none, widen or random"
+    )
+    widen_step: float = Field(0.05, gt=0.0, description="band widening per step")
     widen_limits: tuple[float, float] = (-1.0, 0.9)
-    index: Literal["auto", "flat", "ivf", "hnsw"] = "auto"
+    index: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        "auto", description="auto, flat, ivf or hnsw"
+    )
     flat_max: int = Field(50_000, ge=1, description="auto: exact search up to this many sentences")
     nlist: int | None = Field(None, ge=1, description="IVF cells (default 4 sqrt(n))")
     nprobe: int | None = Field(None, ge=1, description="IVF cells scanned per query")
@@ -112,10 +113,10 @@ class MineConfig(StageConfig):
     )
     train_size: int | None = Field(None, ge=1, description="IVF k-means sample (default 40 nlist)")
     train_iterations: int = Field(10, ge=1, description="IVF k-means rounds")
-    hnsw_m: int = Field(32, ge=4)
-    ef_construction: int = Field(200, ge=8)
-    ef_search: int = Field(128, ge=8)
-    use_gpu: Literal["auto", "yes", "no"] = "auto"
+    hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
+    ef_construction: int = Field(200, ge=8, description="HNSW build beam width")
+    ef_search: int = Field(128, ge=8, description="HNSW search beam width")
+    use_gpu: Literal["auto", "yes", "no"] = Field("auto", description="auto, yes or no")
     query_batch: int = Field(8192, ge=1, description="queries per FAISS search call")
     anchor_batch: int = Field(
         16384, ge=1, description="anchors whose neighbours are held at once (bounds memory)"
@@ -123,7 +124,7 @@ class MineConfig(StageConfig):
     recall_sample: int = Field(
         1000, ge=0, description="anchors for the recall and band-coverage checks; 0: skip"
     )
-    seed: int = 0
+    seed: int = Field(0, description="seed of IVF training, recall sample, random fills")
     threads: int = Field(-1, description="rapidfuzz and FAISS threads; -1: all cores")
 
     @model_validator(mode="after")
@@ -623,71 +624,11 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
     return metrics
 
 
-@cli_errors
-def command(
-    k: Annotated[int | None, typer.Option(help="Neighbours retrieved per anchor first.")] = None,
-    pool_cap: Annotated[
-        int | None, typer.Option(help="k doubles while the band lasts, up to this many.")
-    ] = None,
-    band_low: Annotated[
-        float | None, typer.Option(help="Lowest cosine of a negative candidate.")
-    ] = None,
-    band_high: Annotated[
-        float | None, typer.Option(help="Highest cosine of a negative candidate.")
-    ] = None,
-    near_duplicate_threshold: Annotated[
-        float | None,
-        typer.Option(help="rapidfuzz ratio (0-100) from which a neighbour is a near duplicate."),
-    ] = None,
-    min_pool: Annotated[
-        int | None, typer.Option(help="Pool size below which the fallback applies.")
-    ] = None,
-    fallback: Annotated[
-        str | None, typer.Option(help="Short pools: none, widen or random.")
-    ] = None,
-    widen_step: Annotated[float | None, typer.Option(help="Band widening per step.")] = None,
-    index: Annotated[str | None, typer.Option(help="auto, flat, ivf or hnsw.")] = None,
-    flat_max: Annotated[
-        int | None, typer.Option(help="auto: exact search up to this many sentences.")
-    ] = None,
-    nlist: Annotated[int | None, typer.Option(help="IVF cells.")] = None,
-    nprobe: Annotated[int | None, typer.Option(help="IVF cells scanned per query.")] = None,
-    ivf_codec: Annotated[str | None, typer.Option(help="IVF storage: flat or sq8.")] = None,
-    train_size: Annotated[int | None, typer.Option(help="IVF k-means sample size.")] = None,
-    train_iterations: Annotated[int | None, typer.Option(help="IVF k-means rounds.")] = None,
-    anchor_batch: Annotated[
-        int | None, typer.Option(help="Anchors whose neighbours are held at once.")
-    ] = None,
-    hnsw_m: Annotated[int | None, typer.Option(help="HNSW links per node.")] = None,
-    ef_construction: Annotated[int | None, typer.Option(help="HNSW build beam width.")] = None,
-    ef_search: Annotated[int | None, typer.Option(help="HNSW search beam width.")] = None,
-    use_gpu: Annotated[str | None, typer.Option(help="auto, yes or no.")] = None,
-    query_batch: Annotated[int | None, typer.Option(help="Queries per FAISS search call.")] = None,
-    recall_sample: Annotated[int | None, typer.Option(help="Queries for the recall check.")] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed of IVF training, recall sample, random fills.")
-    ] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="rapidfuzz and FAISS threads (-1: all).")
-    ] = None,
-    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
-    embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
-    candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
-    rewrites: Annotated[
-        str | None, typer.Option(help="LLM rewrites dataset folder (own augmentations too).")
-    ] = None,
-    output: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    params: ParamsOpt = "params.yaml",
-    workers: WorkersOpt = 0,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, MineConfig)
+def command(cfg: MineConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Mine each sentence's negative candidate pool: kNN in a FAISS index, then the cosine band.
 
     Every option defaults to the key of the same name in the `mine` section of params.yaml.
     """
-    overrides = {k_: v for k_, v in locals().items() if k_ in MineConfig.model_fields}
-    cfg = stage_config(STAGE, MineConfig, params, overrides)
     with writer_locks(cfg.output), executor(workers, scheduler) as ex:
         run(cfg, progress=progress, executor=ex)

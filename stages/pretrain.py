@@ -20,12 +20,10 @@ import io
 import logging
 import math
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.cli_options import stage_command
+from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
@@ -53,25 +51,33 @@ class PretrainConfig(StageConfig):
     model: ModelSpec = Field(
         "bert-base-uncased", description="encoder spec: hub id, local folder or package:<name>"
     )
-    output: str = "models/infocse-aux"
-    lower_layers: int = Field(6, ge=1, description="frozen lower layers of the auxiliary network")
-    head_layers: int = Field(2, ge=1, description="trainable layers over [CLS] + lower states")
-    mask_rate: float = Field(0.15, gt=0, le=1)
+    output: str = Field(
+        "models/infocse-aux", description="folder for the pre-trained auxiliary network"
+    )
+    lower_layers: int = Field(
+        6, ge=1, description="frozen lower encoder layers under the auxiliary head (paper: 6)"
+    )
+    head_layers: int = Field(
+        2, ge=1, description="trainable layers over [CLS] + lower states (paper: 2)"
+    )
+    mask_rate: float = Field(0.15, gt=0, le=1, description="share of tokens masked")
     aux_weight: float = Field(1.0, ge=0, description="weight of the auxiliary MLM loss (eq. 6)")
     train_backbone: bool = Field(True, description="update the encoder too (paper) or only heads")
     max_length: int = Field(32, ge=4, description="tokens per sentence, special tokens included")
-    batch_size: int = Field(64, ge=1)
+    batch_size: int = Field(64, ge=1, description="sentences per optimiser step")
     steps: int = Field(0, ge=0, description="optimiser steps; 0: from epochs")
     epochs: float = Field(8.0, gt=0, description="passes over the sentences when steps is 0")
-    learning_rate: float = Field(1e-4, gt=0)
-    weight_decay: float = Field(0.01, ge=0)
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    seed: int = 42
+    learning_rate: float = Field(1e-4, gt=0, description="peak AdamW learning rate")
+    weight_decay: float = Field(0.01, ge=0, description="adamW weight decay")
+    warmup_ratio: float = Field(
+        0.1, ge=0, lt=1, description="share of steps with linear warm-up; then linear decay"
+    )
+    seed: int = Field(42, description="seed of data order, masking and dropout")
     checkpoint_every: int = Field(100, ge=1, description="steps between resumable checkpoints")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    metrics: str = "metrics/pretrain.json"
-    plot_data: str = "plots/pretrain.csv"
-    figure: str = "plots/pretrain.png"
+    metrics: str = Field("metrics/pretrain.json", description="metrics JSON path")
+    plot_data: str = Field("plots/pretrain.csv", description="per-step loss CSV (DVC plot)")
+    figure: str = Field("plots/pretrain.png", description="loss curve PNG")
 
 
 def total_steps(cfg: PretrainConfig, n_sentences: int) -> int:
@@ -283,66 +289,14 @@ def pretrain_figure(history: list[dict[str, float]]):
     return fig
 
 
-@cli_errors
-def command(
-    input: Annotated[str | None, typer.Option("--input", help="Sentences dataset folder.")] = None,
-    model: Annotated[
-        str | None, typer.Option(help="Encoder spec: hub id, local folder or package:<name>.")
-    ] = None,
-    output: Annotated[
-        str | None, typer.Option(help="Folder for the pre-trained auxiliary network.")
-    ] = None,
-    lower_layers: Annotated[
-        int | None, typer.Option(help="Encoder layers under the auxiliary head (paper: 6).")
-    ] = None,
-    head_layers: Annotated[
-        int | None, typer.Option(help="Trainable layers of the auxiliary head (paper: 2).")
-    ] = None,
-    mask_rate: Annotated[float | None, typer.Option(help="Share of tokens masked.")] = None,
-    aux_weight: Annotated[
-        float | None, typer.Option(help="Weight of the auxiliary MLM loss in the sum (eq. 6).")
-    ] = None,
-    train_backbone: Annotated[
-        bool | None,
-        typer.Option(
-            "--train-backbone/--freeze-backbone",
-            help="Update the encoder with both losses (paper) or train only the heads.",
-        ),
-    ] = None,
-    max_length: Annotated[
-        int | None, typer.Option(help="Tokens per sentence, special tokens included.")
-    ] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Sentences per optimiser step.")] = None,
-    steps: Annotated[
-        int | None, typer.Option(help="Optimiser steps; 0 derives them from --epochs.")
-    ] = None,
-    epochs: Annotated[
-        float | None, typer.Option(help="Passes over the sentences when --steps is 0.")
-    ] = None,
-    learning_rate: Annotated[float | None, typer.Option(help="Peak AdamW learning rate.")] = None,
-    weight_decay: Annotated[float | None, typer.Option(help="AdamW weight decay.")] = None,
-    warmup_ratio: Annotated[
-        float | None, typer.Option(help="Share of steps with linear warm-up; then linear decay.")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed of data order, masking and dropout.")
-    ] = None,
-    checkpoint_every: Annotated[
-        int | None, typer.Option(help="Steps between resumable checkpoints.")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    plot_data: Annotated[str | None, typer.Option(help="Per-step loss CSV (DVC plot).")] = None,
-    figure: Annotated[str | None, typer.Option(help="Loss curve PNG.")] = None,
-    params: ParamsOpt = "params.yaml",
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(
+    STAGE, PretrainConfig, names={"train_backbone": ("--train-backbone/--freeze-backbone",)}
+)
+def command(cfg: PretrainConfig, progress: bool) -> None:
     """Pre-train InfoCSE's auxiliary MLM network on the sentences (resumable).
 
     Every option defaults to the key of the same name in the `pretrain` section of params.yaml.
     The `train` stage uses the result through the InfoCSE option `aux_path`.
     """
-    overrides = {k: v for k, v in locals().items() if k in PretrainConfig.model_fields}
-    cfg = stage_config(STAGE, PretrainConfig, params, overrides)
     with writer_lock(cfg.output, f"pretrain output {cfg.output!r}"):
         run(cfg, progress=progress)

@@ -23,14 +23,13 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow.compute as pc
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import model_label
@@ -48,29 +47,29 @@ NLI_LABELS = {"entailment": "positive", "contradiction": "negative"}
 class ReportConfig(StageConfig):
     """The ``report`` section of params.yaml."""
 
-    pairs: str = "data/pairs"
-    sentences: str = "data/sentences"
-    embeddings: str = "data/embeddings/sentences"
+    pairs: str = Field("data/pairs", description="pairs dataset folder")
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
+    embeddings: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
     nli: str | None = Field(
         "$PAIRFORGE_SHARED_DATA/nli/snli_senteval",
         description="SentEval-layout SNLI folder ($VARS expanded; unset variable: skipped); null: off",
     )
-    nli_split: Literal["dev", "test"] = "dev"
+    nli_split: Literal["dev", "test"] = Field("dev", description="dev or test")
     nli_pairs: int = Field(1000, ge=0, description="pairs per label (0: all)")
     simcse_pairs: int = Field(500, ge=0, description="sentences encoded twice with dropout")
-    random_pairs: int = Field(2000, ge=1)
+    random_pairs: int = Field(2000, ge=1, description="random sentence pairs")
     max_pairs: int = Field(20000, ge=1, description="mined pairs per side, sampled")
-    bins: int = Field(40, ge=5)
+    bins: int = Field(40, ge=5, description="histogram bins")
     read_anchors: int = Field(
         10, ge=0, description="anchors shown with their pairs and scores, for a person to read"
     )
-    seed: int = 0
-    device: str = "auto"
-    batch_size: int = Field(64, ge=1)
+    seed: int = Field(0, description="sampling seed")
+    device: str = Field("auto", description="auto, cpu or cuda")
+    batch_size: int = Field(64, ge=1, description="texts per forward pass")
     threads: int = Field(-1, description="CPU threads for torch; -1: torch's default")
     reports: str = Field("reports", description="folder of mining.md and the PNG histograms")
     plots: str = Field("plots", description="folder of the DVC plots CSVs")
-    metrics: str = "metrics/report.json"
+    metrics: str = Field("metrics/report.json", description="metrics JSON path")
 
 
 def _nli_folder(spec: str | None) -> tuple[Path | None, str]:
@@ -309,34 +308,10 @@ SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard nega
     return metrics
 
 
-@cli_errors
-def command(
-    nli: Annotated[str | None, typer.Option(help="SentEval SNLI folder ($VARS expanded).")] = None,
-    nli_split: Annotated[str | None, typer.Option(help="dev or test.")] = None,
-    nli_pairs: Annotated[int | None, typer.Option(help="NLI pairs per label (0: all).")] = None,
-    simcse_pairs: Annotated[int | None, typer.Option(help="Sentences encoded twice.")] = None,
-    random_pairs: Annotated[int | None, typer.Option(help="Random sentence pairs.")] = None,
-    max_pairs: Annotated[int | None, typer.Option(help="Mined pairs per side.")] = None,
-    bins: Annotated[int | None, typer.Option(help="Histogram bins.")] = None,
-    read_anchors: Annotated[
-        int | None, typer.Option(help="Anchors shown with their pairs, for a person to read.")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu or cuda.")] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads for torch (-1: all).")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Texts per forward pass.")] = None,
-    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
-    embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
-    pairs: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
-    reports: Annotated[str | None, typer.Option(help="Report and figures folder.")] = None,
-    plots: Annotated[str | None, typer.Option(help="DVC plots data folder.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    params: ParamsOpt = "params.yaml",
-) -> None:
+@stage_command(STAGE, ReportConfig)
+def command(cfg: ReportConfig) -> None:
     """Diagnose the mined pairs: lexical overlap and cosine beside SimCSE-style and NLI pairs.
 
     Every option defaults to the key of the same name in the `report` section of params.yaml.
     """
-    overrides = {k: v for k, v in locals().items() if k in ReportConfig.model_fields}
-    cfg = stage_config(STAGE, ReportConfig, params, overrides)
     run(cfg)

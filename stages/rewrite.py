@@ -21,19 +21,11 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    WorkersOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
@@ -64,38 +56,54 @@ class RewriteConfig(StageConfig):
     """The ``rewrite`` section of params.yaml."""
 
     enabled: bool = Field(False, description="false: write empty datasets, send nothing")
-    input: str = "data/sentences"
-    output: str = "data/rewrites"
-    quarantine: str = "data/quarantine/rewrite"
-    metrics: str = "metrics/rewrite.json"
-    cache: str | None = Field(
-        ".cache/pairforge/rewrites.sqlite", description="answer cache; null: none"
+    input: str = Field("data/sentences", description="sentences dataset to rewrite")
+    output: str = Field("data/rewrites", description="rewrites dataset folder (candidates schema)")
+    quarantine: str = Field(
+        "data/quarantine/rewrite", description="quarantine dataset folder for rejected rows"
     )
-    base_url: str = Field("https://api.openai.com/v1", description="any OpenAI-compatible endpoint")
-    model: str = "gpt-3.5-turbo"
+    metrics: str = Field("metrics/rewrite.json", description="metrics JSON path")
+    cache: str | None = Field(
+        ".cache/pairforge/rewrites.sqlite", description="answer cache (SQLite file); null: none"
+    )
+    base_url: str = Field(
+        "https://api.openai.com/v1",
+        description="any OpenAI-compatible endpoint, e.g. http://localhost:8000/v1",
+    )
+    model: str = Field("gpt-3.5-turbo", description="model name at the endpoint")
     api_key_env: str = Field(
         "OPENAI_API_KEY", description="NAME of the environment variable holding the key"
     )
     system: str | None = Field(None, description="optional system message")
     prompt: str = Field(DEFAULT_PROMPT, description="user message; {text} is the sentence")
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    max_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="sampling temperature")
+    max_tokens: int = Field(128, ge=1, description="answer tokens at most")
     timeout: float = Field(60.0, gt=0, description="seconds per request")
-    max_retries: int = Field(6, ge=0)
+    max_retries: int = Field(6, ge=0, description="retries of a failed request")
     backoff_base: float = Field(
         1.0, ge=0, description="first retry waits ~this many seconds, then doubles"
     )
-    backoff_max: float = Field(60.0, ge=0)
+    backoff_max: float = Field(60.0, ge=0, description="longest wait between retries, in seconds")
     concurrency: int = Field(8, ge=1, description="requests in flight at most")
-    requests_per_minute: int = Field(500, ge=0, description="0: no limit")
+    requests_per_minute: int = Field(
+        500, ge=0, description="requests per minute at most; 0: no limit"
+    )
     max_sentences: int | None = Field(None, ge=0, description="rewrite only the first N sentences")
     price_input_per_1m: float = Field(0.5, ge=0, description="USD per 1M prompt tokens")
     price_output_per_1m: float = Field(1.5, ge=0, description="USD per 1M completion tokens")
     language: Literal["en"] | None = Field("en", description="language check of answers; null: off")
-    min_ascii_letters: float = Field(0.8, ge=0, le=1)
-    min_length_ratio: float = Field(0.3, ge=0)
-    max_length_ratio: float = Field(3.0, gt=0)
-    seed: int = 0
+    min_ascii_letters: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="language check: least share of an answer's letters that are ASCII",
+    )
+    min_length_ratio: float = Field(
+        0.3, ge=0, description="answers shorter than this times the sentence are rejected"
+    )
+    max_length_ratio: float = Field(
+        3.0, gt=0, description="answers longer than this times the sentence are rejected"
+    )
+    seed: int = Field(0, description="seed of the requests (sent to the endpoint)")
 
     @field_validator("prompt")
     @classmethod
@@ -309,51 +317,13 @@ def _metrics(cfg: RewriteConfig, manifest: dict) -> dict:
     return metrics
 
 
-@cli_errors
-def command(
-    enabled: Annotated[
-        bool | None,
-        typer.Option("--enabled/--disabled", help="Send requests, or write empty datasets."),
-    ] = None,
-    input: Annotated[str | None, typer.Option(help="Sentences dataset to rewrite.")] = None,
-    output: Annotated[
-        str | None, typer.Option(help="Rewrites dataset folder (candidates schema).")
-    ] = None,
-    quarantine: Annotated[
-        str | None, typer.Option(help="Quarantine dataset folder for rejected rows.")
-    ] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    cache: Annotated[str | None, typer.Option(help="Answer cache (SQLite file).")] = None,
-    base_url: Annotated[
-        str | None, typer.Option(help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1.")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="Model name at the endpoint.")] = None,
-    api_key_env: Annotated[
-        str | None, typer.Option(help="NAME of the environment variable holding the API key.")
-    ] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Answer tokens at most.")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Seconds per request.")] = None,
-    max_retries: Annotated[int | None, typer.Option(help="Retries of a failed request.")] = None,
-    concurrency: Annotated[int | None, typer.Option(help="Requests in flight at most.")] = None,
-    requests_per_minute: Annotated[
-        int | None, typer.Option(help="Requests per minute at most (0: no limit).")
-    ] = None,
-    max_sentences: Annotated[
-        int | None, typer.Option(help="Rewrite only the first N sentences.")
-    ] = None,
-    params: ParamsOpt = "params.yaml",
-    workers: WorkersOpt = 0,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, RewriteConfig, names={"enabled": ("--enabled/--disabled",)})
+def command(cfg: RewriteConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Rewrite sentences with an LLM through an OpenAI-compatible endpoint (optional stage).
 
     Every option defaults to the key of the same name in the `rewrite` section of params.yaml.
     The API key is read from the environment variable named by --api-key-env, nowhere else.
     Rejected answers go to the quarantine with their reason; a rerun sends no request twice.
     """
-    overrides = {k: v for k, v in locals().items() if k in RewriteConfig.model_fields}
-    cfg = stage_config(STAGE, RewriteConfig, params, overrides)
     with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

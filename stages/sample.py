@@ -41,15 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import (
-    ParamsOpt,
-    ProgressOpt,
-    SchedulerOpt,
-    WorkersOpt,
-    cli_errors,
-    executor,
-)
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import cli_errors, executor, stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
@@ -93,19 +86,23 @@ SHARPNESS_KEYS = ("entropy", "entropy2", "effective", "effective_share")
 class SampleConfig(StageConfig):
     """The ``sample`` section of params.yaml."""
 
-    sentences: str = "data/sentences"
-    pools: str = "data/pools"
-    embeddings: str = "data/embeddings/sentences"
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
+    pools: str = Field("data/pools", description="pools dataset folder")
+    embeddings: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
     candidates: str | None = Field(
         "data/candidates", description="back-translation candidates (positives); null: none"
     )
-    candidate_embeddings: str = "data/embeddings/candidates"
+    candidate_embeddings: str = Field(
+        "data/embeddings/candidates", description="candidate embeddings folder"
+    )
     rewrites: str | None = Field(
         "data/rewrites", description="LLM rewrites (rewrite stage), more positives; null: none"
     )
-    rewrite_embeddings: str = "data/embeddings/rewrites"
-    output: str = "data/pairs"
-    metrics: str = "metrics/sample.json"
+    rewrite_embeddings: str = Field(
+        "data/embeddings/rewrites", description="LLM rewrite embeddings folder"
+    )
+    output: str = Field("data/pairs", description="pairs dataset folder")
+    metrics: str = Field("metrics/sample.json", description="metrics JSON path")
     m: int = Field(2, ge=1, description="negatives drawn per anchor (DebCSE: 2)")
     m_positive: int | None = Field(None, ge=1, description="positives per anchor; null: m")
     lambda_n: float = Field(0.8, ge=0.0, le=1.0, description="eq. 3 weight of semantics")
@@ -121,9 +118,13 @@ class SampleConfig(StageConfig):
         gt=0.0,
         description="paper: every softmax's temperature (1 = the paper); calibrated: tau",
     )
-    edit_kind: Literal["word", "char"] = "word"
-    edit_normalized: bool = True
-    edit_metric: Literal["levenshtein", "indel"] = "levenshtein"
+    edit_kind: Literal["word", "char"] = Field(
+        "word", description="edit distance unit: word or char"
+    )
+    edit_normalized: bool = Field(True, description="normalise the edit distance to [0, 1]")
+    edit_metric: Literal["levenshtein", "indel"] = Field(
+        "levenshtein", description="levenshtein or indel"
+    )
     edit_backend: Literal["numba", "rapidfuzz"] = Field(
         "numba",
         description="numba: compiled kernels over texts encoded once (falls back to rapidfuzz "
@@ -133,15 +134,15 @@ class SampleConfig(StageConfig):
     short: Literal["keep", "drop", "error"] = Field(
         "keep", description="anchors with fewer than m negatives: keep (flagged), drop, error"
     )
-    positive_route: str = "en-zh-en"
-    view1_route: str = "en-de-en"
-    view2_route: str = "en-fr-en"
-    seed: int = 0
+    positive_route: str = Field("en-zh-en", description="route of positive_text (DenoSent)")
+    view1_route: str = Field("en-de-en", description="route of view1_text (BSL)")
+    view2_route: str = Field("en-fr-en", description="route of view2_text (BSL)")
+    seed: int = Field(0, description="sampling seed")
     threads: int = Field(-1, description="edit-distance threads (numba or rapidfuzz); -1: all")
     anchor_batch: int = Field(
         16384, ge=1, description="anchors scored at once (bounds memory; seeds the draws)"
     )
-    corpus_name: str = Field("corpus", description="for the dataset card")
+    corpus_name: str = Field("corpus", description="corpus name, for the dataset card")
     corpus_license: str = Field("unknown", description="licence of the corpus text, for the card")
 
 
@@ -497,76 +498,13 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
     return render
 
 
-@cli_errors
-def command(
-    m: Annotated[int | None, typer.Option(help="Negatives drawn per anchor.")] = None,
-    m_positive: Annotated[
-        int | None, typer.Option(help="Positives drawn per anchor (default m).")
-    ] = None,
-    lambda_n: Annotated[float | None, typer.Option(help="Eq. 3 weight of semantics (0-1).")] = None,
-    lambda_p: Annotated[float | None, typer.Option(help="Eq. 5 weight of semantics (0-1).")] = None,
-    ipw: Annotated[
-        str | None,
-        typer.Option(
-            help="paper (eqs. 1-6 as printed), calibrated (z-scored scores, tau) or uniform "
-            "(1/n within each pool, no debiasing)."
-        ),
-    ] = None,
-    temperature: Annotated[
-        float | None,
-        typer.Option(help="paper: every softmax's temperature (1 = paper); calibrated: tau."),
-    ] = None,
-    edit_kind: Annotated[str | None, typer.Option(help="Edit distance unit: word or char.")] = None,
-    edit_normalized: Annotated[
-        bool | None, typer.Option(help="Normalise the edit distance to [0, 1].")
-    ] = None,
-    edit_metric: Annotated[str | None, typer.Option(help="levenshtein or indel.")] = None,
-    edit_backend: Annotated[
-        str | None, typer.Option(help="numba (compiled, default) or rapidfuzz (reference).")
-    ] = None,
-    identical: Annotated[
-        str | None, typer.Option(help="Candidates equal to the anchor: skip or keep.")
-    ] = None,
-    short: Annotated[
-        str | None, typer.Option(help="Anchors short of negatives: keep, drop or error.")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
-    anchor_batch: Annotated[int | None, typer.Option(help="Anchors scored at once.")] = None,
-    threads: Annotated[
-        int | None, typer.Option(help="Edit-distance threads (-1: all cores).")
-    ] = None,
-    sentences: Annotated[str | None, typer.Option(help="Sentences dataset folder.")] = None,
-    pools: Annotated[str | None, typer.Option(help="Pools dataset folder.")] = None,
-    candidates: Annotated[str | None, typer.Option(help="Candidates dataset folder.")] = None,
-    embeddings: Annotated[str | None, typer.Option(help="Sentence embeddings folder.")] = None,
-    candidate_embeddings: Annotated[
-        str | None, typer.Option(help="Candidate embeddings folder.")
-    ] = None,
-    rewrites: Annotated[str | None, typer.Option(help="LLM rewrites dataset folder.")] = None,
-    rewrite_embeddings: Annotated[
-        str | None, typer.Option(help="LLM rewrite embeddings folder.")
-    ] = None,
-    positive_route: Annotated[
-        str | None, typer.Option(help="Route of positive_text (DenoSent).")
-    ] = None,
-    view1_route: Annotated[str | None, typer.Option(help="Route of view1_text (BSL).")] = None,
-    view2_route: Annotated[str | None, typer.Option(help="Route of view2_text (BSL).")] = None,
-    corpus_name: Annotated[str | None, typer.Option(help="Corpus name for the card.")] = None,
-    corpus_license: Annotated[str | None, typer.Option(help="Corpus licence for the card.")] = None,
-    output: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    params: ParamsOpt = "params.yaml",
-    workers: WorkersOpt = 0,
-    scheduler: SchedulerOpt = None,
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, SampleConfig)
+def command(cfg: SampleConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Sample DebCSE positives and hard negatives by inverse propensity weighting (eqs. 1-6).
 
     Every option defaults to the key of the same name in the `sample` section of params.yaml.
     Writes the training pairs with every score used, and a dataset card beside the shards.
     """
-    overrides = {k: v for k, v in locals().items() if k in SampleConfig.model_fields}
-    cfg = stage_config(STAGE, SampleConfig, params, overrides)
     # Held past the manifest: the card is written after it.
     with writer_lock(cfg.output, f"dataset {cfg.output!r}"), executor(workers, scheduler) as ex:
         run(cfg, progress=progress, executor=ex)

@@ -19,12 +19,10 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Annotated
 
-import typer
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import ParamsOpt, cli_errors
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.cli_options import stage_command
+from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import PairforgeError
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.shards import apply_umask, atomic_write_json, open_dataset
@@ -39,14 +37,19 @@ STAGE = "standin"
 class StandinConfig(StageConfig):
     """The ``standin`` section of params.yaml."""
 
-    enabled: bool = Field(True, description="false: build nothing (real models are used)")
+    enabled: bool = Field(
+        True,
+        description="build the models; false: build nothing but a README (real models are used)",
+    )
     input: str = Field(
         "data/sentences", description="sentences dataset the vocabulary is trained on"
     )
-    output: str = "data/models/standin"
+    output: str = Field(
+        "data/models/standin", description="folder that receives one opus-mt-<pair> folder per pair"
+    )
     pairs: list[str] = Field(
         default_factory=lambda: ["en-zh", "zh-en", "en-de", "de-en", "en-fr", "fr-en"],
-        description="one model folder opus-mt-<pair> per entry",
+        description="language pairs such as en-zh, one model folder opus-mt-<pair> each (on the command line: repeat --pair)",
     )
     vocab_size: int = Field(
         4000, ge=100, description="sentencepiece pieces (fewer if the corpus is small)"
@@ -65,7 +68,7 @@ class StandinConfig(StageConfig):
     sharpness: float = Field(
         4.0, gt=0.0, description="logit scale: lower makes sampling substitute more"
     )
-    seed: int = 0
+    seed: int = Field(0, description="seed of the vocabulary and of each model")
 
 
 def _build(cfg: StandinConfig, folder: Path) -> tuple[dict, str]:
@@ -122,44 +125,14 @@ def run(cfg: StandinConfig) -> dict:
     return written
 
 
-@cli_errors
-def command(
-    enabled: Annotated[
-        bool | None,
-        typer.Option("--enabled/--disabled", help="Build the models, or only a README."),
-    ] = None,
-    input: Annotated[
-        str | None, typer.Option(help="Sentences dataset the vocabulary is trained on.")
-    ] = None,
-    output: Annotated[
-        str | None, typer.Option(help="Folder that receives one opus-mt-<pair> folder per pair.")
-    ] = None,
-    pairs: Annotated[
-        list[str] | None,
-        typer.Option("--pair", help="A language pair such as en-zh; repeat for several."),
-    ] = None,
-    vocab_size: Annotated[int | None, typer.Option(help="Sentencepiece vocabulary size.")] = None,
-    synonyms: Annotated[
-        str | None,
-        typer.Option(help="Substitution table: builtin, a word<TAB>substitute TSV file, or null."),
-    ] = None,
-    substitute_rate: Annotated[
-        float | None, typer.Option(help="Share of content words replaced under greedy decoding.")
-    ] = None,
-    sharpness: Annotated[
-        float | None, typer.Option(help="Logit scale; lower makes sampling vary more.")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed of the vocabulary and of each model.")
-    ] = None,
-    params: ParamsOpt = "params.yaml",
-) -> None:
+@stage_command(
+    STAGE, StandinConfig, names={"enabled": ("--enabled/--disabled",), "pairs": ("--pair",)}
+)
+def command(cfg: StandinConfig) -> None:
     """Build tiny stand-in MarianMT models for the offline demo (they copy with word
     substitutions; they do NOT translate).
 
     Every option defaults to the key of the same name in the `standin` section of params.yaml.
     """
-    overrides = {k: v for k, v in locals().items() if k in StandinConfig.model_fields}
-    cfg = stage_config(STAGE, StandinConfig, params, overrides)
     with writer_lock(cfg.output, f"standin output {cfg.output!r}"):
         run(cfg)

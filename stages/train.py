@@ -34,11 +34,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import typer
-from pairforge.pipeline.cli_options import ParamsOpt, ProgressOpt, cli_errors
-from pairforge.pipeline.config import ModelSpec, StageConfig, stage_config
+from pairforge.pipeline.cli_options import stage_command
+from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.shards import canonical_json
@@ -93,28 +92,49 @@ class TrainConfig(StageConfig):
     model: ModelSpec = Field(
         "bert-base-uncased", description="base encoder: hub id, folder or package:<pkg>"
     )
-    objective: str = Field("simcse", description="the objective to train (a registered name)")
-    seed: int = 42
-    batch_size: int = Field(64, ge=1, description="global batch (all processes)")
-    lr: float = Field(3e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    schedule: Literal["linear", "constant"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    warmup_ratio: float = Field(0.0, ge=0, le=1)
-    max_steps: int | None = Field(None, ge=1, description="null: epochs x rows / batch_size")
-    epochs: float = Field(1.0, gt=0)
+    objective: str = Field(
+        "simcse",
+        description="the objective to train (a registered name: simcse, debcse, denosent, bsl, ...)",
+    )
+    seed: int = Field(42, description="random seed (data order, dropout, initialisation)")
+    batch_size: int = Field(64, ge=1, description="global batch size (all processes)")
+    lr: float = Field(3e-5, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    schedule: Literal["linear", "constant"] = Field(
+        "linear", description="learning rate after the warm-up: linear decay to 0 or constant"
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="steps of linear warm-up; 0: warmup_ratio of the steps"
+    )
+    warmup_ratio: float = Field(
+        0.0, ge=0, le=1, description="share of the steps warmed up when warmup_steps is 0"
+    )
+    max_steps: int | None = Field(
+        None, ge=1, description="optimiser steps (beats epochs); null: epochs x rows / batch_size"
+    )
+    epochs: float = Field(1.0, gt=0, description="passes over the data when max_steps is unset")
     max_length: int = Field(32, ge=4, description="tokens per sentence")
     max_grad_norm: float = Field(1.0, ge=0, description="0: no clipping")
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto, fp32, bf16 or fp16 (GPU autocast)"
+    )
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    deterministic: bool = True
+    deterministic: bool = Field(
+        True, description="deterministic kernels (reproducible, sometimes slower)"
+    )
     buffer_size: int = Field(10_000, ge=1, description="shuffle buffer rows")
-    save_every: int = Field(250, ge=1)
-    keep_checkpoints: int = Field(1, ge=1)
+    save_every: int = Field(250, ge=1, description="checkpoint every N steps")
+    keep_checkpoints: int = Field(1, ge=1, description="resumable checkpoints kept, newest first")
     eval_every: int = Field(125, ge=0, description="0: no dev evaluation (the last step is kept)")
-    eval_tasks: list[str] = Field(["stsb_dev", "sickr_dev"], min_length=1)
+    eval_tasks: list[str] = Field(
+        ["stsb_dev", "sickr_dev"],
+        min_length=1,
+        description="dev tasks that select the checkpoint (stsb_dev, sickr_dev, demo_dev)",
+    )
     eval_max_pairs: int | None = Field(None, ge=1, description="dev pairs per task (seeded sample)")
-    eval_batch_size: int = Field(128, ge=1)
+    eval_batch_size: int = Field(
+        128, ge=1, description="sentences per forward pass of the dev evaluation"
+    )
     sts_dir: str = Field(
         "$PAIRFORGE_SHARED_DATA/sts", description="STS data folder (dev sets); $VARS expand"
     )
@@ -126,15 +146,20 @@ class TrainConfig(StageConfig):
     demo_dir: str = Field(
         "data/demo/eval", description="the demo evaluation set's folder (demo_dev, demo_test)"
     )
-    log_every: int = Field(10, ge=1)
+    log_every: int = Field(10, ge=1, description="steps between log lines and history rows")
     threads: int = Field(-1, ge=-1, description="CPU threads for torch; -1: torch's default")
     recipes: dict[str, RecipeConfig] = Field(
         default_factory=dict,
         description="per-objective overrides and options; the paper profile holds the papers'",
     )
-    metrics: str = "metrics/train.json"
-    plots: str = "plots/train"
-    reports: str = "reports"
+    metrics: str = Field("metrics/train.json", description="metrics JSON path")
+    plots: str = Field(
+        "plots/train",
+        description="folder of the DVC plots CSVs (<objective>.csv, <objective>_dev.csv)",
+    )
+    reports: str = Field(
+        "reports", description="folder of the training curve PNG (train_<objective>.png)"
+    )
 
     @model_validator(mode="after")
     def _objectives(self) -> TrainConfig:
@@ -345,62 +370,14 @@ def _objective_metrics(summary: dict) -> dict:
     }
 
 
-@cli_errors
-def command(
-    objective: Annotated[
-        str | None,
-        typer.Option(
-            "--objective", "-o", help="Objective to train: simcse, debcse, denosent, bsl, ..."
-        ),
-    ] = None,
-    input: Annotated[str | None, typer.Option(help="Pairs dataset folder.")] = None,
-    output: Annotated[
-        str | None, typer.Option(help="Models folder (one subfolder per objective).")
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option(help="Base encoder: hub id, folder or package:<pkg>.")
-    ] = None,
-    seed: Annotated[
-        int | None, typer.Option(help="Random seed (data order, dropout, initialisation).")
-    ] = None,
-    batch_size: Annotated[
-        int | None, typer.Option(help="Global batch size (beats recipes).")
-    ] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate (beats recipes).")] = None,
-    max_steps: Annotated[
-        int | None, typer.Option(help="Optimiser steps (beats recipes and epochs).")
-    ] = None,
-    epochs: Annotated[
-        float | None, typer.Option(help="Passes over the data when max_steps is unset.")
-    ] = None,
-    max_length: Annotated[
-        int | None, typer.Option(help="Tokens per sentence (beats recipes).")
-    ] = None,
-    precision: Annotated[
-        str | None, typer.Option(help="auto, fp32, bf16 or fp16 (GPU autocast).")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N.")] = None,
-    save_every: Annotated[int | None, typer.Option(help="Checkpoint every N steps.")] = None,
-    eval_every: Annotated[
-        int | None, typer.Option(help="Dev evaluation every N steps; 0: none.")
-    ] = None,
-    eval_max_pairs: Annotated[
-        int | None, typer.Option(help="Dev pairs per task (seeded sample).")
-    ] = None,
-    sts_dir: Annotated[str | None, typer.Option(help="STS data folder (dev sets).")] = None,
-    metrics: Annotated[str | None, typer.Option(help="Metrics JSON path.")] = None,
-    params: ParamsOpt = "params.yaml",
-    progress: ProgressOpt = True,
-) -> None:
+@stage_command(STAGE, TrainConfig, names={"objective": ("--objective", "-o")})
+def command(cfg: TrainConfig, progress: bool, given: frozenset[str]) -> None:
     """Train a sentence encoder with one objective on the pairs dataset, resumably.
 
     Every option defaults to the key of the same name in the `train` section of params.yaml;
-    per-objective settings live in `train.recipes.<objective>`.
+    per-objective settings live in `train.recipes.<objective>`. An option given on the command
+    line beats the objective's recipe.
     """
-    overrides = {
-        k: v for k, v in locals().items() if k in TrainConfig.model_fields and v is not None
-    }
-    cfg = stage_config(STAGE, TrainConfig, params, overrides)
     out = Path(cfg.output) / cfg.objective  # one writer per model folder (rank 0 of torchrun)
     with writer_lock(out, f"train output {str(out)!r}"):
-        run(cfg, progress=progress, forced=frozenset(overrides))
+        run(cfg, progress=progress, forced=given)
