@@ -21,86 +21,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-WORDS = [
-    "the",
-    "a",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "was",
-    "river",
-    "stone",
-    "market",
-    "quiet",
-    "engine",
-    "paper",
-    "garden",
-    "winter",
-    "signal",
-    "copper",
-    "lantern",
-    "orbit",
-    "harbor",
-    "violet",
-    "meadow",
-    "thunder",
-    "silver",
-    "canvas",
-    "maple",
-    "puzzle",
-    "bread",
-    "train",
-    "city",
-    "music",
-    "doctor",
-    "storm",
-    "village",
-    "forest",
-    "teacher",
-    "window",
-]
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [
-        " ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 20))).capitalize() + "."
-        for _ in range(n)
-    ]
+    """Generated sentences of 5 to 20 words (the augment tests' vocabulary, not numbered)."""
+    from tests.stages.augment.augment_helpers import make_sentences
+
+    return make_sentences(n, seed, lengths=(5, 20), numbered=False)
 
 
 def tiny_model(folder: Path, texts: list[str]) -> Path:
-    import torch
-    from pairforge.stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
-    from transformers import MarianConfig, MarianMTModel
+    """The augment tests' tiny random MarianMT, larger: d_model 64, 4 heads, FFN 128."""
+    from tests.stages.augment.augment_helpers import build_tiny_marian
 
-    spm_model = train_vocabulary(texts, 300)
-    vocab = marian_vocab(spm_model)
-    write_tokenizer(folder, spm_model, vocab)
-    config = MarianConfig(
-        vocab_size=len(vocab),
+    return build_tiny_marian(
+        folder,
+        texts,
         d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
         encoder_attention_heads=4,
         decoder_attention_heads=4,
         encoder_ffn_dim=128,
         decoder_ffn_dim=128,
         max_position_embeddings=256,
-        pad_token_id=vocab["<pad>"],
-        eos_token_id=vocab["</s>"],
-        decoder_start_token_id=vocab["<pad>"],
     )
-    torch.manual_seed(0)
-    MarianMTModel(config).save_pretrained(folder)
-    return folder
 
 
 def engine_sampler(tr, batch: list[list[int]], top_k: int, max_new: int) -> None:

@@ -56,13 +56,57 @@ WORDS = [
 ]
 
 
-def make_sentences(n: int, seed: int = 0) -> list[str]:
+def make_sentences(
+    n: int, seed: int = 0, lengths: tuple[int, int] = (4, 14), numbered: bool = True
+) -> list[str]:
+    """``n`` seeded sentences of ``WORDS``, ``lengths[0]`` to ``lengths[1]`` words each;
+    ``numbered``: each ends with its index, so that all are distinct."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        words = [rng.choice(WORDS) for _ in range(rng.randint(4, 14))]
-        out.append(" ".join(words).capitalize() + f" {i}.")
+        words = [rng.choice(WORDS) for _ in range(rng.randint(*lengths))]
+        out.append(" ".join(words).capitalize() + (f" {i}." if numbered else "."))
     return out
+
+
+def tokenizer_folder(folder: Path, texts: list[str], vocab_size: int) -> dict[str, int]:
+    """A Marian tokenizer (sentencepiece trained on ``texts``) written to ``folder``; its vocab."""
+    from pairforge.stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
+
+    spm_model = train_vocabulary(texts, vocab_size)
+    vocab = marian_vocab(spm_model)
+    write_tokenizer(folder, spm_model, vocab)
+    return vocab
+
+
+def build_tiny_marian(folder: Path, texts: list[str], **config) -> Path:
+    """A randomly initialised (seed 0) MarianMT in ``folder`` with a 300-piece vocabulary
+    trained on ``texts``: 2+2 layers, d_model 32, 2 heads, FFN 64, 128 positions unless
+    ``config`` (``MarianConfig`` keys) says otherwise."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    vocab = tokenizer_folder(folder, texts, 300)
+    sizes = dict(
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+    )
+    marian = MarianConfig(
+        vocab_size=len(vocab),
+        pad_token_id=vocab["<pad>"],
+        eos_token_id=vocab["</s>"],
+        decoder_start_token_id=vocab["<pad>"],
+        **{**sizes, **config},
+    )
+    torch.manual_seed(0)
+    MarianMTModel(marian).save_pretrained(folder)
+    return folder
 
 
 def write_sentences(
