@@ -1,15 +1,13 @@
 """What code produced a dataset: the package version, the git commit when there is one, and a
-hash of the pipeline's own source (so a changed stage never resumes on shards of the old code)."""
+hash of the stage's declared code (so a changed stage never resumes on shards of its old code)."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import subprocess
 from importlib import metadata
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from pairforge.pipeline.stagedefs import ROOT, code_hash
 
 
 @functools.cache
@@ -20,23 +18,11 @@ def package_version() -> str:
         return "0+unknown"
 
 
-def _stage_sources(stage: str) -> list[Path]:
-    module = ROOT / "stages" / f"{stage}.py"
-    package = ROOT / "stages" / stage
-    return (
-        [module] if module.exists() else sorted(package.rglob("*.py")) if package.is_dir() else []
-    )
-
-
 @functools.cache
 def source_hash(stage: str) -> str:
-    """sha256 over the sources a stage runs (``pipeline/`` and its own module or package),
-    first 12 hex digits: a changed stage never resumes on shards of its old code."""
-    digest = hashlib.sha256()
-    for file in [*sorted((ROOT / "pipeline").rglob("*.py")), *_stage_sources(stage)]:
-        digest.update(str(file.relative_to(ROOT)).encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:12]
+    """The stage's declared code hash (``pipeline/stagedefs.py``, ``code_hash``), computed once
+    per process: a changed stage never resumes on shards of its old code."""
+    return code_hash(stage)
 
 
 @functools.cache

@@ -14,7 +14,6 @@ writes the ``candidates`` dataset and metrics.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import time
@@ -25,11 +24,11 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import executor, stage_command
 from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_shards
-from pairforge.pipeline.shards import DatasetWriter, canonical_json, open_dataset
-from pairforge.pipeline.version import source_hash
+from pairforge.pipeline.shards import DatasetWriter, open_dataset
 from pairforge.stages.augment.cache import KeyValueCache, MemoryCache
 from pairforge.stages.augment.decoding import GREEDY, Decoding, Lengths
 from pairforge.stages.augment.engines import TranslatorPool, engine_settings
@@ -205,26 +204,6 @@ def route_plans(cfg: BacktranslateConfig) -> tuple[RoutePlan, ...]:
     )
 
 
-def _code_hash() -> str:
-    # The stage module alone is what source_hash(STAGE) covers; its parts live in stages/augment.
-    return hashlib.sha256((source_hash(STAGE) + source_hash("augment")).encode()).hexdigest()[:12]
-
-
-def _fingerprint(cfg, input_manifest, refs, vocabulary, settings) -> str:
-    payload = {
-        "stage": STAGE,
-        "params": cfg.model_dump(
-            exclude={"output", "metrics", "plot", "cache", "models_dir", "threads"}
-        ),
-        "input": input_manifest.get("fingerprint"),
-        "models": {k: r.revision for k, r in refs.items()},
-        "engine": settings.identity(),
-        "noise_vocabulary": vocabulary,
-        "code": _code_hash(),
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
 def _noise_vocabulary(cfg: BacktranslateConfig, sentences) -> list[str]:
     if cfg.noise.copies == 0 or not any(r.noise for r in cfg.routes):
         return []
@@ -253,7 +232,16 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             _, converted = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
             conversions["performed" if converted else "reused"] += 1
     vocabulary = _noise_vocabulary(cfg, sentences)
-    fingerprint = _fingerprint(cfg, sentences.manifest, refs, vocabulary, settings)
+    fingerprint = run_fingerprint(
+        STAGE,
+        cfg.model_dump(),
+        {"sentences": sentences},
+        {
+            "models": {k: r.revision for k, r in refs.items()},
+            "engine": settings.identity(),
+            "noise_vocabulary": vocabulary,
+        },
+    )
     writer = DatasetWriter(
         cfg.output,
         S.CANDIDATES,

@@ -29,6 +29,7 @@ import typer
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import executor, stage_command
 from pairforge.pipeline.config import ModelSpec, StageConfig
+from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
@@ -43,7 +44,6 @@ from pairforge.stages.mining.inputs import (
     ENCODER_KEY,
     VECTOR_ROW_GROUP,
     embeddings_layout,
-    fingerprint,
     load_vectors,
     open_embeddings,
 )
@@ -365,8 +365,11 @@ def _embed_dataset(
     workers' cached encoder (``EmbedShard``).
     """
     params = _params(cfg)
+    section = cfg.model_dump()
+    if cfg.engine != "ctranslate2":
+        section["compute_type"] = None  # the transformers engine computes in dtype
     fp = fingerprint(
-        STAGE, {**params, "dataset": name, "status": status}, {"input": source, "also": also}
+        STAGE, section, {"input": source, "also": also}, {"dataset": name, "status": status}
     )
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0

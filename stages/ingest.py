@@ -14,7 +14,6 @@ checked before the metrics are written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import executor, stage_command
 from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
@@ -37,11 +37,9 @@ from pairforge.pipeline.runner import Executor, ShardResult, map_tables
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
-    canonical_json,
     open_dataset,
 )
 from pairforge.pipeline.text import char_counts, normalize, sentence_ids, word_counts
-from pairforge.pipeline.version import source_hash
 from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
@@ -256,16 +254,6 @@ class Deduplicator:
 # --- the stage --------------------------------------------------------------------------------
 
 
-def _fingerprint(cfg: IngestConfig, files: list[InputFile]) -> str:
-    payload = {
-        "stage": STAGE,
-        "params": cfg.model_dump(exclude={"output", "quarantine", "metrics"}),
-        "inputs": [[f.path, f.format, f.size, f.mtime_ns] for f in files],
-        "code": source_hash(STAGE),
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
 def _block_table(block: RawBlock) -> pa.Table:
     return pa.table(
         {
@@ -389,7 +377,8 @@ def _split_front(
 def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
     files = resolve_inputs([os.path.join(cfg.root, p) for p in cfg.inputs], cfg.format)
-    fingerprint = _fingerprint(cfg, files)
+    files_token = [[f.path, f.format, f.size, f.mtime_ns] for f in files]
+    fingerprint = run_fingerprint(STAGE, cfg.model_dump(), {"files": files_token})
     params = cfg.model_dump()
     out = Path(cfg.output)
     sentences = DatasetWriter(

@@ -34,13 +34,13 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import executor, stage_command
 from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables
 from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
-    fingerprint,
     load_vectors,
     merge_augmentations,
     open_embeddings,
@@ -461,13 +461,10 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
     # The rewrites count by their content, and only when there are some: an empty or absent
     # rewrites dataset (the demo's, rewrite disabled) leaves the pools and their fingerprint as
     # they were without one, so a rewritten empty dataset does not recompute every pool.
-    params = cfg.model_dump(
-        exclude={"output", "metrics", "query_batch", "anchor_batch", "threads", "rewrites"}
-    )
     inputs = {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
     if rewrites is not None and rewrites.num_rows:
         inputs["rewrites"] = rewrites
-    fp = fingerprint(STAGE, params, inputs)
+    fp = fingerprint(STAGE, cfg.model_dump(), inputs)
     writer = DatasetWriter(
         cfg.output, S.POOLS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )

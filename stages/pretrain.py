@@ -15,7 +15,6 @@ input dataset, code) is not run again.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import logging
 import math
@@ -25,22 +24,19 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import stage_command
 from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
 from pairforge.pipeline.shards import (
     atomic_write_bytes,
-    canonical_json,
     open_dataset,
 )
-from pairforge.pipeline.version import ROOT, source_hash
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
 STAGE = "pretrain"
-# Code outside stages/ and pipeline/ that the result depends on (source_hash covers those two).
-TRAIN_SOURCES = ("train/infocse_aux.py", "train/infocse_pretrain.py")
 SMOOTHING = 10  # steps in the moving average of the loss plot and of the reported final losses
 
 
@@ -87,20 +83,6 @@ def total_steps(cfg: PretrainConfig, n_sentences: int) -> int:
     return max(1, math.ceil(cfg.epochs * n_sentences / cfg.batch_size))
 
 
-def _fingerprint(cfg: PretrainConfig, dataset_fingerprint: str) -> str:
-    code = hashlib.sha256(source_hash(STAGE).encode())
-    for name in TRAIN_SOURCES:
-        code.update((ROOT / name).read_bytes())
-    payload = {
-        "stage": STAGE,
-        "params": cfg.model_dump(exclude={"output", "metrics", "plot_data", "figure", "device"}),
-        "model": resolve_model(cfg.model),
-        "input": dataset_fingerprint,
-        "code": code.hexdigest(),
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
 def load_mlm_model(spec: str, seed: int = 0):
     """(tokenizer, masked-LM model, head_initialised) for an encoder spec.
 
@@ -139,7 +121,9 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     from pairforge.train.infocse_pretrain import PretrainSettings, pretrain, read_history
 
     dataset = open_dataset(cfg.input, S.SENTENCES)
-    fingerprint = _fingerprint(cfg, dataset.manifest.get("fingerprint", ""))
+    fingerprint = run_fingerprint(
+        STAGE, cfg.model_dump(), {"sentences": dataset}, {"model": resolve_model(cfg.model)}
+    )
     out = Path(cfg.output)
     done = (out / AUX_MANIFEST).exists() and read_aux_config(out).get("fingerprint") == fingerprint
     if done:

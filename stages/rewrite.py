@@ -15,7 +15,6 @@ The API key comes only from the environment variable *named* by ``api_key_env``.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import re
@@ -27,16 +26,15 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import executor, stage_command
 from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, map_tables
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
-    canonical_json,
     open_dataset,
 )
-from pairforge.pipeline.version import source_hash
 from pairforge.stages.augment.cache import KeyValueCache, MemoryCache
 from pairforge.stages.augment.llm import REASONS, ChatClient, ChatSettings, Validation
 from pairforge.stages.augment.rewriting import rewrite_shard
@@ -145,27 +143,6 @@ def check_key_env(name: str) -> None:
         )
 
 
-def _fingerprint(cfg: RewriteConfig, input_manifest: dict | None) -> str:
-    code = hashlib.sha256((source_hash(STAGE) + source_hash("augment")).encode()).hexdigest()[:12]
-    payload = {
-        "stage": STAGE,
-        "params": cfg.model_dump(
-            exclude={
-                "output",
-                "quarantine",
-                "metrics",
-                "cache",
-                "concurrency",
-                "requests_per_minute",
-                "timeout",
-            }
-        ),
-        "input": input_manifest.get("fingerprint") if input_manifest else None,
-        "code": code,
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
 def _writers(cfg: RewriteConfig, fingerprint: str) -> tuple[DatasetWriter, DatasetWriter]:
     params = cfg.model_dump()
     rewrites = DatasetWriter(
@@ -193,13 +170,17 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
     start = time.monotonic()
     this_run: dict[str, int] = {}  # counts of the shards this run computed (log only)
     if not cfg.enabled:
-        rewrites, quarantine = _writers(cfg, _fingerprint(cfg, None))
+        rewrites, quarantine = _writers(
+            cfg, run_fingerprint(STAGE, cfg.model_dump(), {"sentences": None})
+        )
         extra = {"counts": {}, "enabled": False}
         rewrites.finalize(0, extra=extra)
         quarantine.finalize(0, extra=extra)
     else:
         sentences = open_dataset(cfg.input, S.SENTENCES)
-        rewrites, quarantine = _writers(cfg, _fingerprint(cfg, sentences.manifest))
+        rewrites, quarantine = _writers(
+            cfg, run_fingerprint(STAGE, cfg.model_dump(), {"sentences": sentences})
+        )
         if not (rewrites.complete and quarantine.complete):
             fn = functools.partial(
                 rewrite_shard,

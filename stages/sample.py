@@ -44,6 +44,7 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cli_options import cli_errors, executor, stage_command
 from pairforge.pipeline.config import StageConfig
 from pairforge.pipeline.errors import ConfigError, DataIntegrityError, PairforgeError
+from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards
@@ -64,7 +65,6 @@ from pairforge.stages.mining.edits import PairScorer, edit_scorer
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
     encoder_info,
-    fingerprint,
     load_vectors,
     open_embeddings,
 )
@@ -331,12 +331,11 @@ def run(
             mined.get("min_pool"),
             cfg.m,
         )
-    # Threads and the backend change no result (the backends give equal distances): a run may
+    # Threads and the backend are free keys (the backends give equal distances): a run may
     # resume with others.
-    params = cfg.model_dump(exclude={"output", "metrics", "threads", "edit_backend"})
     fp = fingerprint(
         STAGE,
-        params,
+        cfg.model_dump(),
         {
             "sentences": sentences,
             "pools": pools,
@@ -419,7 +418,7 @@ def run(
             "pairs_per_second": round(edit_pairs / edit_s) if edit_s > 0 else None,
         },
         "params": {
-            k: params[k]
+            k: getattr(cfg, k)
             for k in ("m", "m_positive", "lambda_n", "lambda_p", "ipw", "temperature", "seed")
         },
         "computed_shards": len(todo),

@@ -38,10 +38,9 @@ from typing import Any, Literal
 
 from pairforge.pipeline.cli_options import stage_command
 from pairforge.pipeline.config import ModelSpec, StageConfig
+from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.shards import canonical_json
-from pairforge.pipeline.version import ROOT
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 STAGE = "train"
@@ -205,20 +204,6 @@ def settings_for(
     )
 
 
-def code_hash() -> str:
-    """sha256 over the trainer's sources (``train/``, this module, ``pipeline/``), 12 hex digits."""
-    digest = hashlib.sha256()
-    files = [
-        *sorted((ROOT / "train").rglob("*.py")),
-        ROOT / "stages" / "train.py",
-        *sorted((ROOT / "pipeline").rglob("*.py")),
-    ]
-    for file in files:
-        digest.update(str(file.relative_to(ROOT)).encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:12]
-
-
 def inputs_hash(options: dict[str, Any]) -> dict[str, str]:
     """sha256 of every file in the folders an objective reads (InfoCSE's ``aux_path``), so a
     re-pretrained auxiliary network retrains the objective although its path is unchanged."""
@@ -268,17 +253,18 @@ def dev_hash(settings) -> str | None:
     return digest.hexdigest()
 
 
-def fingerprint(settings, data_fingerprint: str) -> str:
+def fingerprint(cfg: TrainConfig, settings, data_fingerprint: str) -> str:
+    """The run's fingerprint: the train section's exact keys (its objective's recipe, not the
+    others'), the ``settings`` resolved from them (a key given on the command line beats the
+    recipe), the pairs, the folders the objective reads and the dev files it selects on."""
     from dataclasses import asdict
 
-    payload = {
-        "settings": asdict(settings),
-        "data": data_fingerprint,
-        "code": code_hash(),
-        "inputs": inputs_hash(settings.options),
+    inputs = {
+        "pairs": data_fingerprint,
+        "objective": inputs_hash(settings.options),
         "dev": dev_hash(settings),
     }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+    return run_fingerprint(STAGE, cfg.model_dump(), inputs, {"settings": asdict(settings)})
 
 
 def run(
@@ -325,7 +311,7 @@ def run(
     out = Path(cfg.output) / objective
     with quiet_transformers():
         result = Trainer(
-            settings, cfg.input, out, fingerprint(settings, data_fingerprint), progress, hooks
+            settings, cfg.input, out, fingerprint(cfg, settings, data_fingerprint), progress, hooks
         ).run()
     if not dist.is_main():
         return {}

@@ -110,3 +110,105 @@ def test_dvc_repro_demo_then_nothing_then_only_what_changed(project):
     assert "Running stage 'ingest'" in third.stdout
     stricter = json.loads((project / "metrics/ingest.json").read_text())
     assert stricter["rows_dropped"]["too_short"] > metrics["rows_dropped"]["too_short"]
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+def _dvc_stages() -> dict:
+    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+
+
+def test_dvc_yaml_deps_and_params_are_the_stage_declarations():
+    """dvc.yaml lists, for every stage, exactly the data, code and param keys that
+    pipeline/stagedefs.py declares (and the fingerprints hash): they cannot drift apart."""
+    from pairforge.pipeline import stagedefs
+
+    stages = _dvc_stages()
+    assert set(stages) == set(stagedefs.STAGES)
+    for name, stage in stages.items():
+        assert stage["deps"] == stagedefs.dvc_deps(name), name
+        assert stage["params"] == stagedefs.dvc_params(name), name
+        # A whole section (`- train`) would rerun a stage for keys that change none of its output.
+        assert all("." in key for key in stage["params"]), name
+
+
+def test_every_config_key_is_declared_exactly_once_and_params_yaml_has_the_exact_keys():
+    """Each key of a stage's config is an input, an output, an exact param or free, and only
+    one of them; every exact key resolves in the demo's params.yaml."""
+    from pairforge.pipeline import stagedefs
+    from pairforge.stages import config_models
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for name, model in config_models().items():
+        d = stagedefs.STAGES[name]
+        groups = {
+            "inputs": set(stagedefs.input_keys(name)),
+            "outputs": set(d.outputs),
+            "params": {key.split(".")[0] for key in d.params},
+            "free": set(d.free),
+        }
+        for a in groups:
+            for b in groups:
+                if a < b:
+                    assert not groups[a] & groups[b], (name, a, b, groups[a] & groups[b])
+        assert set().union(*groups.values()) == set(model.model_fields), name
+        values = stagedefs.exact_params(name, params[name])
+        assert len(values) == len(d.params), name
+    assert (
+        stagedefs.exact_params("train", params["train"])[f"recipes.{params['train']['objective']}"]
+        == params["train"]["recipes"][params["train"]["objective"]]
+    )
+
+
+def _module_file(module: str) -> str | None:
+    path = ROOT.joinpath(*module.split(".")[1:])
+    if path.with_suffix(".py").is_file():
+        return str(path.with_suffix(".py").relative_to(ROOT))
+    if (path / "__init__.py").is_file():
+        return str((path / "__init__.py").relative_to(ROOT))
+    return None
+
+
+def _project_imports(file: str) -> set[str]:
+    """The project source files ``file`` imports (at the top or inside functions)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse((ROOT / file).read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pairforge."):
+            for alias in node.names:
+                target = _module_file(f"{node.module}.{alias.name}") or _module_file(node.module)
+                if target:
+                    found.add(target)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("pairforge.") and _module_file(alias.name):
+                    found.add(_module_file(alias.name))
+    return found
+
+
+def test_declared_code_covers_every_project_module_a_stage_runs():
+    """A stage's declared code (its deps, and what its fingerprint hashes) holds its module and
+    every project module it imports, transitively, except the plumbing that changes no output
+    (package ``__init__`` files that only re-export are followed, not required)."""
+    from pairforge.pipeline import stagedefs
+
+    for name in stagedefs.STAGES:
+        declared = stagedefs.STAGES[name].code
+        for entry in declared:
+            assert (ROOT / entry).exists(), f"{name}: declared code {entry} does not exist"
+
+        def covered(file: str, declared=declared) -> bool:
+            return any(file == e or file.startswith(e.rstrip("/") + "/") for e in declared)
+
+        seen: set[str] = set()
+        todo = [f"stages/{name}.py"]
+        while todo:
+            file = todo.pop()
+            if file in seen or file in stagedefs.PLUMBING:
+                continue
+            seen.add(file)
+            if not file.endswith("__init__.py"):
+                assert covered(file), f"{name} runs {file}, which pipeline/stagedefs.py omits"
+            todo.extend(_project_imports(file))

@@ -10,7 +10,7 @@ Pools travel in ragged form (offsets + flat arrays, the layout of an Arrow list 
 in those four touches files; the ``mine`` and ``sample`` stage commands read params and shards and
 call them. The stages' own parts:
 
-- ``inputs``: fingerprints, reading and checking embeddings, candidates and texts;
+- ``inputs``: reading and checking embeddings, candidates and texts;
 - ``encoder``: a transformers encoder behind ``encode(texts) -> unit vectors`` (embed, report);
 - ``searcher``: the ``mine`` index built from its settings (saved for resume), batched search;
 - ``pairs`` and ``sampling``: scores and draws over Arrow columns, the ``sample`` shard function;

@@ -1,8 +1,5 @@
 """What the mining stages (embed, mine, sample, report) read, and how they check it.
 
-- fingerprints: a stage's output is resumed only when its params, its inputs (each input
-  dataset's own fingerprint and shard hashes) and its code (the stage module, ``pipeline/`` and
-  this package) are unchanged;
 - embeddings: read back as one float32 ``(n, d)`` matrix, checked (finite, unit norm, aligned with
   the dataset they embed, made by the same encoder as the other embeddings in the run);
 - texts: a read-only sequence view over an Arrow string column, so a million-sentence corpus is
@@ -11,8 +8,6 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 import re
 from collections.abc import Iterator, Sequence
@@ -29,16 +24,13 @@ from pairforge.pipeline.shards import (
     Dataset,
     DatasetWriter,
     ShardInfo,
-    canonical_json,
     open_dataset,
     read_manifest,
     write_shard,
 )
-from pairforge.pipeline.version import source_hash
 
 log = logging.getLogger("pairforge")
 
-PACKAGE = Path(__file__).resolve().parent
 ENCODER_KEY = "encoder"  # manifest key of an embeddings dataset: how its vectors were made
 # float16 storage rounds each component to ~3 significant digits, so a stored unit vector's norm
 # is off by up to ~1e-3; vectors are renormalised after the cast, and this is the check before it.
@@ -47,66 +39,6 @@ STORED_NORM_TOL = 1e-2
 # several times its size in transient memory (levels, pages); reading one row group at a time
 # keeps that to a few MiB instead of ~4x the shard (benchmarks/mine.py measured it).
 VECTOR_ROW_GROUP = 4096
-
-
-# The modules of this package each stage runs: a change elsewhere in the package (a report
-# diagram, say) must not invalidate hours of embeddings.
-STAGE_MODULES: dict[str, tuple[str, ...]] = {
-    "embed": ("__init__", "inputs", "encoder", "edits", "index", "ipw", "pools"),
-    "mine": ("__init__", "inputs", "searcher", "edits", "index", "ipw", "pools"),
-    "sample": (
-        "__init__",
-        "inputs",
-        "sampling",
-        "pairs",
-        "card",
-        "edits",
-        "edit_kernels",
-        "index",
-        "ipw",
-        "pools",
-    ),
-}
-
-
-@functools.cache
-def code_hash(stage: str) -> str:
-    """``source_hash(stage)`` plus the sources of this package that the stage runs (its
-    ``STAGE_MODULES``; every module when the stage is not listed)."""
-    digest = hashlib.sha256(source_hash(stage).encode())
-    names = STAGE_MODULES.get(stage)
-    files = (
-        sorted(PACKAGE.glob("*.py"))
-        if names is None
-        else [PACKAGE / f"{n}.py" for n in sorted(names)]
-    )
-    for file in files:
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-def dataset_token(dataset: Dataset | None) -> Any:
-    """What identifies a dataset's content for a downstream fingerprint (None when absent)."""
-    if dataset is None:
-        return None
-    manifest = dataset.manifest
-    return {
-        "fingerprint": manifest.get("fingerprint"),
-        "rows": manifest.get("rows"),
-        "shards": [s["sha256"] for s in manifest["shards"]],
-    }
-
-
-def fingerprint(stage: str, params: dict[str, Any], inputs: dict[str, Dataset | None]) -> str:
-    """sha256 over the stage, its params, its input datasets' tokens and its code."""
-    payload = {
-        "stage": stage,
-        "params": params,
-        "inputs": {name: dataset_token(ds) for name, ds in inputs.items()},
-        "code": code_hash(stage),
-    }
-    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
 
 
 # ----------------------------------------------------------------------------- embeddings

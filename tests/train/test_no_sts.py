@@ -105,12 +105,12 @@ def test_dev_sets_are_the_sts_ones_when_present_and_the_dev_files_are_fingerprin
     )
     settings = train_stage.dev_sets(cfg, train_stage.settings_for(cfg))
     assert settings.eval_tasks == ("demo_dev",)
-    before = train_stage.fingerprint(settings, "data")
-    assert train_stage.fingerprint(settings, "data") == before
+    before = train_stage.fingerprint(cfg, settings, "data")
+    assert train_stage.fingerprint(cfg, settings, "data") == before
     # A re-scored pair changes which checkpoint is best: the run must not be kept as finished.
     text = (copy / "dev.tsv").read_text()
     (copy / "dev.tsv").write_text(text.replace("\t3.200\t", "\t3.000\t", 1))
-    assert train_stage.fingerprint(settings, "data") != before
+    assert train_stage.fingerprint(cfg, settings, "data") != before
 
 
 def test_train_before_sample_names_the_stage_to_run(tmp_path, tiny_model_dir, sts_dir):

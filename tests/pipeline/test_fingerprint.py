@@ -1,0 +1,104 @@
+"""The one fingerprint: exact params, inputs and declared code in; free keys and outputs out."""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pytest
+import yaml
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline import stagedefs
+from pairforge.pipeline.fingerprint import dataset_token, fingerprint
+from pairforge.pipeline.shards import DatasetWriter, open_dataset
+from pairforge.pipeline.version import code_version, source_hash
+
+from tests.conftest import ROOT
+
+
+def _params() -> dict:
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_a_declared_param_changes_the_fingerprint_a_free_key_or_an_output_does_not():
+    mine = _params()["mine"]
+    base = fingerprint("mine", mine)
+    assert fingerprint("mine", dict(mine)) == base
+    assert fingerprint("mine", {**mine, "band_low": 0.3}) != base
+    assert fingerprint("mine", {**mine, "widen_limits": [-1.0, 0.8]}) != base
+    for free in ("threads", "query_batch", "anchor_batch"):
+        assert fingerprint("mine", {**mine, free: 7}) == base, free
+    assert fingerprint("mine", {**mine, "output": "elsewhere", "metrics": "m.json"}) == base
+    # Inputs count by their content (the inputs argument), not by their path.
+    assert fingerprint("mine", {**mine, "sentences": "data/other"}) == base
+    assert fingerprint("mine", mine, extra={"engine": "x"}) != base
+
+
+def test_train_hashes_its_objectives_recipe_only():
+    train = _params()["train"]
+    assert train["objective"] == "debcse"
+    base = fingerprint("train", train)
+    other = {**train["recipes"], "bsl": {"options": {"k": 9, "delta": 0.9, "num_mlps": 2}}}
+    assert fingerprint("train", {**train, "recipes": other}) == base
+    own = {**train["recipes"], "debcse": {"options": {"temperature": 0.1}}}
+    assert fingerprint("train", {**train, "recipes": own}) != base
+    switched = {**train, "objective": "bsl"}
+    assert stagedefs.exact_params("train", switched)["recipes.bsl"] == train["recipes"]["bsl"]
+    assert "recipes.debcse" not in stagedefs.exact_params("train", switched)
+
+
+def test_a_missing_declared_key_is_an_error_naming_it():
+    mine = {k: v for k, v in _params()["mine"].items() if k != "band_low"}
+    with pytest.raises(KeyError, match="mine.band_low"):
+        fingerprint("mine", mine)
+
+
+def _dataset(path, texts: list[str]):
+    writer = DatasetWriter(path, S.SENTENCES, stage="t", params={}, fingerprint="f")
+    table = pa.table(
+        {
+            S.ID: [f"{i:016x}" for i in range(len(texts))],
+            S.TEXT: texts,
+            S.SOURCE: ["s"] * len(texts),
+            S.LINE: list(range(len(texts))),
+        }
+    )
+    writer.write(0, table)
+    writer.finalize(1)
+    return open_dataset(path, S.SENTENCES)
+
+
+def test_an_input_counts_by_its_content(tmp_path):
+    mine = _params()["mine"]
+    a = _dataset(tmp_path / "a", ["one two three", "four five six"])
+    same = _dataset(tmp_path / "same", ["one two three", "four five six"])
+    other = _dataset(tmp_path / "b", ["one two three", "four five seven"])
+    assert dataset_token(a) == dataset_token(same)
+    base = fingerprint("mine", mine, {"sentences": a})
+    assert fingerprint("mine", mine, {"sentences": same}) == base
+    assert fingerprint("mine", mine, {"sentences": other}) != base
+    assert fingerprint("mine", mine, {"sentences": None}) != base
+
+
+def test_the_code_hash_covers_the_declared_code_only(tmp_path, monkeypatch):
+    """A declared file of the stage changes its code hash; a module of the same folder that the
+    stage does not run (the report's diagnostics, for mine) does not."""
+    for entry in ("pipeline", "stages", "train"):
+        shutil.copytree(
+            ROOT / entry, tmp_path / entry, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    monkeypatch.setattr(stagedefs, "ROOT", tmp_path)
+    base, report = stagedefs.code_hash("mine"), stagedefs.code_hash("report")
+    unrun = tmp_path / "stages/mining/diagnostics.py"
+    unrun.write_text(unrun.read_text() + "\n# an edit mine does not run\n")
+    assert stagedefs.code_hash("mine") == base
+    assert stagedefs.code_hash("report") != report
+    run = tmp_path / "stages/mining/pools.py"
+    run.write_text(run.read_text() + "\n# an edit mine runs\n")
+    assert stagedefs.code_hash("mine") != base
+
+
+def test_manifests_name_the_same_code_the_fingerprint_hashes():
+    for stage in stagedefs.STAGES:
+        assert source_hash(stage) == stagedefs.code_hash(stage)
+        assert code_version(stage, git=False).endswith(f"+src.{stagedefs.code_hash(stage)}")
