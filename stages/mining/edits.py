@@ -1,12 +1,13 @@
-"""Edit distances between anchors and their candidates: rapidfuzz (the reference) and compiled
-numba kernels over texts encoded once (the ``sample`` stage's default backend).
+"""Edit distances between anchors and their candidates, as the ``sample`` stage scores them:
+compiled numba kernels over texts encoded once (the default backend), or rapidfuzz over the
+same encoded texts.
 
 This is the ``edit(x_i, x_j)`` of DebCSE eq. 1. The paper says only "edit distance" (citing
 Ristad & Yianilos' string-edit distance); it names neither the unit nor a normalisation, so both
-are parameters here:
+are parameters of :func:`edit_scorer`:
 
-- ``kind="char"`` compares characters, ``kind="word"`` compares word tokens (see
-  :func:`tokenize_words`).
+- ``kind="char"`` compares characters, ``kind="word"`` compares word tokens (runs of word
+  characters, and each punctuation mark on its own, case kept: ``_WORD_RE``).
 - ``normalized=True`` divides the distance by its largest possible value for the two lengths
   (``max(len_a, len_b)`` for Levenshtein), giving a float in [0, 1]; ``normalized=False`` returns
   the integer count of operations.
@@ -22,26 +23,26 @@ one candidate, S_sur is ~0 for it and ~1 for every other, and the surface term s
 anything (METHODS.md section 2). Normalised distances differ by less than 1, which keeps every
 candidate in play (then the softmaxes barely sharpen; ``ipw.py`` exposes a temperature for that).
 
-Unit: these functions default to characters (no tokeniser, the same meaning across corpora). The
-``sample`` stage defaults to **words** (``edit_scorer``: ``WordCodes`` codes, each text encoded
-once per run): the surface similarity DebCSE wants in a hard negative is shared wording, which its
-own diagnostic counts in words (Tables 1 and 4), a changed word then counts once instead of once
-per letter, and short code sequences score several times faster than characters
-(benchmarks/edit_throughput.py).
+Unit: the stage defaults to **words** (``WordCodes`` codes, each text encoded once per run).
+Characters need no tokeniser and mean the same across corpora, but the surface similarity DebCSE
+wants in a hard negative is shared wording, which its own diagnostic counts in words (Tables 1
+and 4), a changed word then counts once instead of once per letter, and short code sequences
+score several times faster than characters (benchmarks/edit_throughput.py).
 
-The string functions take ``workers`` as rapidfuzz does: ``-1`` uses every core (the GIL is
-released).
-
-**Backends.** The string functions above call rapidfuzz, the reference. The ``sample`` stage
-scores through ``edit_scorer``, whose default backend, ``numba``, encodes each distinct sentence
-once into integer codes (``EditCodes``: one flat int32 array and int64 offsets; word codes from
+**Backends.** ``edit_scorer``'s default backend, ``numba``, encodes each distinct sentence once
+into integer codes (``EditCodes``: one flat int32 array and int64 offsets; word codes from
 ``WordCodes``, or code points) and scores pairs given as row-index arrays with the compiled
 bit-parallel kernels of ``edit_kernels.py``: no Python object per pair, which is what bounds
 rapidfuzz's ``cpdist`` (~150 ns per pair to convert two strings, under the GIL). Its results equal
 rapidfuzz's exactly (property-tested). When numba is missing or fails to compile, ``edit_scorer``
-logs a warning and uses rapidfuzz (``backend="rapidfuzz"`` asks for it directly). The kernels
-compile once per machine and numba caches them on disk; each process loads them before its first
-scoring call (``numba_kernels``), so compilation never counts in a measured throughput.
+logs a warning and uses rapidfuzz over the encoded texts (``encoded_distances``;
+``backend="rapidfuzz"`` asks for it directly). The kernels compile once per machine and numba
+caches them on disk; each process loads them before its first scoring call (``numba_kernels``),
+so compilation never counts in a measured throughput.
+
+The reference both backends are tested against, rapidfuzz over plain strings
+(``pair_distances``, ``pool_distances``, ...), lives with the tests as their oracle
+(``tests/stages/mining/edit_oracle.py``): this module holds only what the stage runs.
 """
 
 from __future__ import annotations
@@ -65,15 +66,10 @@ __all__ = [
     "PairScorer",
     "WordCodes",
     "code_distances",
-    "cross_distances",
     "edit_scorer",
-    "encode_words",
     "encoded_distances",
     "numba_kernels",
     "numba_unavailable",
-    "pair_distances",
-    "pool_distances",
-    "tokenize_words",
 ]
 
 EditKind = Literal["char", "word"]
@@ -90,71 +86,21 @@ _SURROGATES = (0xD800, 0xE000)
 _MAX_CODES = 0x110000 - (_SURROGATES[1] - _SURROGATES[0])
 
 
-def tokenize_words(text: str) -> list[str]:
-    """Word tokens of ``text``: runs of word characters, and each punctuation mark on its own.
-
-    Case is kept, like the character-level distance, so that both kinds see the same text.
-    """
-    return _WORD_RE.findall(text)
-
-
 def _code(i: int) -> str:
     return chr(i if i < _SURROGATES[0] else i + (_SURROGATES[1] - _SURROGATES[0]))
-
-
-class _VocabularyFull(Exception):
-    pass
-
-
-def encode_words(*groups: Sequence[str]) -> list[list[str]] | list[list[list[int]]]:
-    """Tokenise each group of texts into word sequences over one shared vocabulary.
-
-    Each distinct token becomes one Unicode character, so a sentence of words is a short string
-    and rapidfuzz uses its string kernels (a 20-word sentence fits one 64-bit word of the
-    bit-parallel algorithm). Distances between encoded sequences equal distances between the token
-    lists. Each distinct text is tokenised once per call (pools repeat corpus sentences a lot). If a
-    call holds more distinct tokens than there are code points (about 1.1 million), it returns
-    lists of integer ids instead, which rapidfuzz also accepts, only slower.
-    """
-    table: dict[str, str] = {}
-    memo: dict[str, str] = {}
-    findall = _WORD_RE.findall
-
-    def encode(text: str) -> str:
-        out = memo.get(text)
-        if out is None:
-            chars = []
-            for tok in findall(text):
-                ch = table.get(tok)
-                if ch is None:
-                    if len(table) >= _MAX_CODES:
-                        raise _VocabularyFull
-                    ch = table[tok] = _code(len(table))
-                chars.append(ch)
-            out = memo[text] = "".join(chars)
-        return out
-
-    try:
-        return [[encode(t) for t in texts] for texts in groups]
-    except _VocabularyFull:
-        pass
-    vocab: dict[str, int] = {}
-    return [
-        [[vocab.setdefault(tok, len(vocab)) for tok in findall(t)] for t in texts]
-        for texts in groups
-    ]
 
 
 class WordCodes:
     """A word vocabulary fitted once over a corpus; each sentence is then encoded once.
 
     The pipeline's fast path for word-level distances over pools that repeat corpus sentences:
-    ``encode_words`` tokenises per call (about half the cost of scoring a pool), this tokenises
-    each distinct text once per run. Codes are ranked by token frequency (the most frequent token
-    gets code 0), so they do not depend on the order texts arrive in, and frequent tokens get
-    small code points (compact strings). Tokens ranked beyond the code space (about 1.1 million
-    distinct tokens) share codes by hash; two such rare tokens can then compare equal, which can
-    only lower a distance, and only in corpora with that many distinct tokens.
+    tokenising per call (the tests' ``edit_oracle.encode_words``) is about half the cost of
+    scoring a pool; this tokenises each distinct text once per run. Codes are ranked by token
+    frequency (the most frequent token gets code 0), so they do not depend on the order texts
+    arrive in, and frequent tokens get small code points (compact strings). Tokens ranked beyond
+    the code space (about 1.1 million distinct tokens) share codes by hash; two such rare tokens
+    can then compare equal, which can only lower a distance, and only in corpora with that many
+    distinct tokens.
     """
 
     def __init__(self, texts: Sequence[str] | pa.Array) -> None:
@@ -212,7 +158,7 @@ class WordCodes:
         return ch
 
     def encode(self, texts) -> list[str]:
-        """Each text as a string with one character per word token (see ``tokenize_words``)."""
+        """Each text as a string with one character per word token (``_WORD_RE``'s tokens)."""
         code = self._code_of
         findall = _WORD_RE.findall
         return ["".join([code(tok) for tok in findall(t)]) for t in texts]
@@ -298,8 +244,10 @@ def encoded_distances(
     workers: int = -1,
     metric: EditMetric = "levenshtein",
 ) -> np.ndarray:
-    """``pair_distances`` over texts already encoded (``WordCodes.encode``, or raw text for
-    character level): no tokenising, one ``cpdist`` call. Shape ``(n,)``."""
+    """Distance between ``anchors[i]`` and ``candidates[i]`` for every i, texts already encoded
+    (``WordCodes.encode``, or raw text for character level): no tokenising, one rapidfuzz
+    ``cpdist`` call (``workers``: -1 uses every core, the GIL released). Shape ``(n,)``, float32
+    in [0, 1] when ``normalized``, else int32."""
     if len(anchors) != len(candidates):
         raise ValueError(
             f"anchors and candidates must be aligned, got {len(anchors)} and {len(candidates)}"
@@ -323,94 +271,8 @@ def _scorer(metric: EditMetric, normalized: bool):
     return module.normalized_distance if normalized else module.distance
 
 
-def _encode(kind: EditKind, *groups: Sequence[str]) -> list:
-    if kind == "char":
-        return list(groups)
-    if kind == "word":
-        return encode_words(*groups)
-    raise ValueError(f"kind must be 'char' or 'word', got {kind!r}")
-
-
 def _dtype(normalized: bool) -> type:
     return np.float32 if normalized else np.int32
-
-
-def pair_distances(
-    anchors: Sequence[str],
-    candidates: Sequence[str],
-    kind: EditKind = "char",
-    normalized: bool = True,
-    workers: int = -1,
-    metric: EditMetric = "levenshtein",
-) -> np.ndarray:
-    """Distance between ``anchors[i]`` and ``candidates[i]`` for every i (aligned pairs).
-
-    Shape ``(n,)``; float32 in [0, 1] when ``normalized``, else int32 operation counts. This is the
-    fast path for large batches: one ``rapidfuzz.process.cpdist`` call over all pairs.
-    """
-    if len(anchors) != len(candidates):
-        raise ValueError(
-            f"anchors and candidates must be aligned, got {len(anchors)} and {len(candidates)}"
-        )
-    scorer = _scorer(metric, normalized)
-    a, c = _encode(kind, anchors, candidates)
-    out = process.cpdist(a, c, scorer=scorer, dtype=_dtype(normalized), workers=workers)
-    return out.reshape(len(anchors))
-
-
-def cross_distances(
-    anchors: Sequence[str],
-    candidates: Sequence[str],
-    kind: EditKind = "char",
-    normalized: bool = True,
-    workers: int = -1,
-    metric: EditMetric = "levenshtein",
-) -> np.ndarray:
-    """Distance between every anchor and every candidate, shape ``(n_anchors, n_candidates)``.
-
-    For one anchor against its own candidate list, pass ``[anchor]``: the anchor's bit-parallel
-    pattern is built once and reused across the candidates.
-    """
-    scorer = _scorer(metric, normalized)
-    a, c = _encode(kind, anchors, candidates)
-    return process.cdist(a, c, scorer=scorer, dtype=_dtype(normalized), workers=workers)
-
-
-def pool_distances(
-    anchors: Sequence[str],
-    candidates: Sequence[str],
-    offsets: np.ndarray,
-    kind: EditKind = "char",
-    normalized: bool = True,
-    workers: int = -1,
-    metric: EditMetric = "levenshtein",
-) -> np.ndarray:
-    """Distance of every candidate of ragged pools to its pool's anchor, flat shape ``(N,)``.
-
-    ``candidates`` holds the pools back to back; pool ``i`` is
-    ``candidates[offsets[i]:offsets[i + 1]]`` and belongs to ``anchors[i]``
-    (``len(offsets) == len(anchors) + 1``). The output lines up with ``candidates``, ready for
-    ``ipw.negative_probs(edit, cos, offsets)``.
-    """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    if offsets.ndim != 1 or offsets.size != len(anchors) + 1:
-        raise ValueError(
-            f"offsets must have len(anchors) + 1 = {len(anchors) + 1} entries, got shape {offsets.shape}"
-        )
-    if offsets[0] != 0 or offsets[-1] != len(candidates) or np.any(np.diff(offsets) < 0):
-        raise ValueError(
-            f"offsets must rise from 0 to len(candidates) = {len(candidates)}, "
-            f"got {offsets[0]} .. {offsets[-1]}"
-        )
-    scorer = _scorer(metric, normalized)
-    # Encode each anchor once (word kind tokenises), then repeat it per candidate of its pool.
-    a, c = _encode(kind, anchors, candidates)
-    items = np.empty(len(a), dtype=object)  # not np.asarray: equal-length id lists would go 2-D
-    for i, item in enumerate(a):
-        items[i] = item
-    repeated = np.repeat(items, np.diff(offsets))  # (N,)
-    out = process.cpdist(repeated, c, scorer=scorer, dtype=_dtype(normalized), workers=workers)
-    return out.reshape(len(candidates))
 
 
 # --- integer codes and the compiled kernels ----------------------------------------------------

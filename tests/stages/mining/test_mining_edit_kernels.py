@@ -11,6 +11,7 @@ import numpy as np
 import pairforge.stages.mining.edits as edits
 import pyarrow as pa
 import pytest
+from edit_oracle import tokenize_words
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pairforge.stages.mining.edits import EditCodes, code_distances, edit_scorer, numba_unavailable
@@ -189,7 +190,7 @@ def test_scorer_backends_agree(kind, normalized, metric):
     a, b, c = (rng.integers(0, n, 60) for n in (len(CORPUS), len(CORPUS), len(CANDS)))
     np.testing.assert_array_equal(fast.corpus(a, b), ref.corpus(a, b))
     np.testing.assert_array_equal(fast.candidates(a, c), ref.candidates(a, c))
-    unit = edits.tokenize_words if kind == "word" else (lambda s: s)
+    unit = tokenize_words if kind == "word" else (lambda s: s)
     module = MODULES[metric]
     fn = module.normalized_distance if normalized else module.distance
     want = [fn(unit(CORPUS[i]), unit(CANDS[j])) for i, j in zip(a, c, strict=True)]

@@ -1,11 +1,12 @@
-"""Edit distances: char vs word, raw vs normalised, by hand; vectorised paths vs per-pair loops."""
+"""The reference edit distances (edit_oracle.py, rapidfuzz over strings): char vs word, raw vs
+normalised, by hand; vectorised paths vs per-pair loops."""
 
 from __future__ import annotations
 
 import numpy as np
 import pairforge.stages.mining.edits as edits
 import pytest
-from pairforge.stages.mining.edits import (
+from edit_oracle import (
     cross_distances,
     encode_words,
     pair_distances,

@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
+from edit_oracle import tokenize_words
 from mining_helpers import copy_project, read_json, unit, write_candidates, write_embeddings
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
@@ -17,7 +18,6 @@ from pairforge.pipeline.shards import open_dataset
 from pairforge.stages.mine import MineConfig
 from pairforge.stages.mine import run as mine
 from pairforge.stages.mining.card import CARD
-from pairforge.stages.mining.edits import tokenize_words
 from pairforge.stages.mining.inputs import load_vectors, open_embeddings
 from pairforge.stages.mining.pairs import draw, score_pools
 from pairforge.stages.mining.pools import normalize_text

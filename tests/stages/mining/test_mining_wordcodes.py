@@ -6,13 +6,8 @@ import numpy as np
 import pairforge.stages.mining.edits as edits
 import pyarrow as pa
 import pytest
-from pairforge.stages.mining.edits import (
-    EditCodes,
-    WordCodes,
-    encoded_distances,
-    pair_distances,
-    tokenize_words,
-)
+from edit_oracle import pair_distances, tokenize_words
+from pairforge.stages.mining.edits import EditCodes, WordCodes, encoded_distances
 from rapidfuzz.distance import Indel, Levenshtein
 
 TEXTS = [
