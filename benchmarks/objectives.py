@@ -85,15 +85,15 @@ def build_pairs(folder: Path, model: str, m: int = 2, k: int = 64, seed: int = 0
     import faiss
     import pyarrow as pa
     from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.models import load_sentence_encoder
     from pairforge.pipeline.shards import DatasetWriter, read_manifest
-    from pairforge.train.encode import load_embedder
 
     if (folder / "_manifest.json").exists():
         read_manifest(folder)
         return folder
     texts = corpus()
     started = time.monotonic()
-    embedder, _ = load_embedder(model, batch_size=64)
+    embedder, _ = load_sentence_encoder(model, batch_size=64)
     vectors = embedder(texts).astype(np.float32)
     faiss.normalize_L2(vectors)
     index = faiss.IndexFlatIP(vectors.shape[1])

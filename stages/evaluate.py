@@ -101,7 +101,7 @@ def expand_models(specs: list[str]) -> list[str]:
 
     A pattern that matches no folder holding ``pairforge.json`` is a ConfigError.
     """
-    from pairforge.train.encode import EXPORT_INFO
+    from pairforge.pipeline.models import EXPORT_INFO
 
     out: list[str] = []
     for spec in specs:
@@ -179,14 +179,13 @@ def evaluate_model(
 ) -> dict:
     """Scores of one model on ``sets`` (default: ``load_sets(cfg)``; see train.sts.evaluate),
     with how it was encoded."""
-    from pairforge.pipeline.models import pick_device
+    from pairforge.pipeline.models import load_sentence_encoder, pick_device
     from pairforge.train import sts
-    from pairforge.train.encode import load_embedder
 
     _check_local(spec)
     if sets is None:
         sets, folder, _ = load_sets(cfg)
-    embedder, described = load_embedder(
+    embedder, described = load_sentence_encoder(
         spec,
         pooling=pooling,
         prompt=prompt,
@@ -195,7 +194,7 @@ def evaluate_model(
         max_length=cfg.max_length,
     )
     if progress:
-        embedder.progress = f"evaluate/{label or spec}"
+        embedder.label = f"evaluate/{label or spec}"
     started = time.monotonic()
     align_task = align_task_for(sets, folder)
     result = sts.evaluate(

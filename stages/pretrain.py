@@ -27,7 +27,7 @@ from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
+from pairforge.pipeline.models import load_masked_lm, pick_device, resolve_model
 from pairforge.pipeline.shards import (
     atomic_write_bytes,
     open_dataset,
@@ -83,38 +83,6 @@ def total_steps(cfg: PretrainConfig, n_sentences: int) -> int:
     return max(1, math.ceil(cfg.epochs * n_sentences / cfg.batch_size))
 
 
-def load_mlm_model(spec: str, seed: int = 0):
-    """(tokenizer, masked-LM model, head_initialised) for an encoder spec.
-
-    ``head_initialised`` is True when the checkpoint has no MLM head (MiniLM and other
-    sentence-transformers exports): transformers then initialises one, from ``seed`` so that a
-    rerun with the same params gives the same weights.
-    """
-    import torch
-    import transformers
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
-
-    torch.manual_seed(seed)
-
-    where = resolve_model(spec)
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()  # its load report is replaced by one line below
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs())
-        model, info = AutoModelForMaskedLM.from_pretrained(
-            where, output_loading_info=True, **hub_kwargs()
-        )
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"pretrain.model {spec!r} could not be loaded from {where!r}: {exc}"
-        ) from None
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-    missing = [key for key in info["missing_keys"] if key.startswith(("cls.", "lm_head."))]
-    initialised = any(key.endswith("dense.weight") for key in missing)
-    return tokenizer, model, initialised
-
-
 def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Pre-train (or resume) and write the network, metrics and plots; returns the metrics."""
     from pairforge.train.infocse_aux import AUX_MANIFEST, read_aux_config
@@ -134,7 +102,10 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
         if not sentences:
             raise PairforgeError(f"pretrain: {cfg.input!r} holds no sentences to train on")
         steps = total_steps(cfg, len(sentences))
-        tokenizer, model, initialised = load_mlm_model(cfg.model, cfg.seed)
+        # A checkpoint without an MLM head (MiniLM) gets one initialised from the seed, so that a
+        # rerun with the same params gives the same weights.
+        tokenizer, model, missing = load_masked_lm(cfg.model, seed=cfg.seed, key="pretrain.model")
+        initialised = any(key.endswith("dense.weight") for key in missing)
         layers = model.config.num_hidden_layers
         if cfg.lower_layers > layers:
             raise ConfigError(

@@ -194,10 +194,10 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     encoder = None
     if cfg.simcse_pairs or nli_dir is not None:
         import torch
-        from pairforge.stages.mining.encoder import TextEncoder
+        from pairforge.pipeline.models import load_text_encoder
 
         torch.manual_seed(cfg.seed)
-        encoder = TextEncoder(
+        encoder = load_text_encoder(
             info["model"],
             info["pooling"],
             device=cfg.device,

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pairforge.pipeline.models import hub_id, model_label, resolve_model
+from pairforge.pipeline.models import EXPORT_INFO, hub_id, model_label, resolve_model
 from pairforge.pipeline.shards import atomic_write_bytes
-from pairforge.train.encode import EXPORT_INFO
 from pairforge.train.sts import LABELS
 
 CARD = "README.md"

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.models import EXPORT_INFO
 from pairforge.pipeline.shards import apply_umask
 from pairforge.train.card import write_model_card
-from pairforge.train.encode import EXPORT_INFO
 from pairforge.train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template
 
 POOLING_MODULE = "pairforge_pooling"

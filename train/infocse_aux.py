@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import mlm_head_of
 from pairforge.pipeline.shards import apply_umask, atomic_write_json
 from torch import nn
 
@@ -48,15 +49,6 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
             f"{type(model).__name__}"
         )
     return layers
-
-
-def mlm_head_of(model: nn.Module) -> nn.Module | None:
-    """The MLM head of a ``*ForMaskedLM`` model (BERT's ``cls``, RoBERTa's ``lm_head``), or None."""
-    for name in ("cls", "lm_head"):
-        head = getattr(model, name, None)
-        if isinstance(head, nn.Module):
-            return head
-    return None
 
 
 def output_projection(head: nn.Module) -> nn.Linear:

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pairforge.pipeline.models import mlm_head_of
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.shards import apply_umask, atomic_write_json
 from pairforge.train.infocse_aux import (
@@ -41,7 +42,6 @@ from pairforge.train.infocse_aux import (
     encoder_layers,
     mask_tokens,
     masked_lm_loss,
-    mlm_head_of,
     run_layers,
     save_auxiliary,
 )

@@ -31,7 +31,16 @@ from typing import Any
 import numpy as np
 import torch
 from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.models import hub_kwargs, pick_device, resolve_model
+from pairforge.pipeline.models import (
+    EXPORT_INFO,
+    Encoder,
+    describe_model,
+    hub_kwargs,
+    load_masked_lm,
+    mlm_head_of,
+    pick_device,
+    resolve_model,
+)
 from pairforge.pipeline.progress import _fmt_duration
 from pairforge.pipeline.shards import atomic_write_json
 from pairforge.train import distributed as dist
@@ -45,7 +54,6 @@ from pairforge.train.checkpoint import (
     set_rng_state,
 )
 from pairforge.train.data import Collator, PairsSource, RowStream
-from pairforge.train.encode import EXPORT_INFO, Embedder, describe_model
 from pairforge.train.export import export_model
 from pairforge.train.objectives import OBJECTIVES, check_columns
 from pairforge.train.objectives.base import BuildContext, Objective
@@ -115,16 +123,6 @@ class TrainModule(nn.Module):
         return self.objective(batch, self.encoder)
 
 
-def _mlm_head(model: nn.Module) -> nn.Module:
-    heads = [m for _, m in model.named_children() if m is not model.base_model]
-    if len(heads) != 1:
-        raise ConfigError(
-            f"cannot tell the MLM head of {type(model).__name__} (children besides the encoder: "
-            f"{[n for n, m in model.named_children() if m is not model.base_model]})"
-        )
-    return heads[0]
-
-
 def load_model(spec: str, want_mlm_head: bool) -> tuple[Any, nn.Module, nn.Module | None, dict]:
     """(tokenizer, encoder, MLM head or None, report) for the model ``spec``, in train mode.
 
@@ -132,30 +130,20 @@ def load_model(spec: str, want_mlm_head: bool) -> tuple[Any, nn.Module, nn.Modul
     the head's weights the checkpoint lacked (initialised, as Hugging Face does, with the output
     layer tied to the word embeddings), which a sentence-transformers checkpoint always does.
     """
-    from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
 
-    where = resolve_model(spec)
     report: dict[str, Any] = {}
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs())
-        if want_mlm_head:
-            model, info = AutoModelForMaskedLM.from_pretrained(
-                where, output_loading_info=True, **hub_kwargs()
-            )
-            encoder, head = model.base_model, _mlm_head(model)
-            missing = sorted(
-                k
-                for k in info.get("missing_keys", [])
-                if not k.startswith(model.base_model_prefix + ".")
-            )
-            report = {
-                "mlm_head": "initialised" if missing else "pretrained",
-                "initialised": missing,
-            }
-        else:
+    if want_mlm_head:
+        tokenizer, model, missing = load_masked_lm(spec)
+        encoder, head = model.base_model, mlm_head_of(model, required=True)
+        report = {"mlm_head": "initialised" if missing else "pretrained", "initialised": missing}
+    else:
+        where = resolve_model(spec)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where, **hub_kwargs())
             encoder, head = AutoModel.from_pretrained(where, **hub_kwargs()), None
-    except OSError as exc:
-        raise ConfigError(f"model {spec!r} could not be loaded from {where!r}: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"model {spec!r} could not be loaded from {where!r}: {exc}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"model {spec!r}: training needs a fast (Rust) tokenizer")
     encoder.train()
@@ -484,17 +472,19 @@ class Trainer:
             name: float(means[j]) for j, name in enumerate(names) if not bool(torch.isnan(means[j]))
         }
 
-    def embedder(self) -> Embedder:
+    def embedder(self) -> Encoder:
+        """The evaluator's encoder over the model being trained (its mode restored after)."""
         s = self.settings
-        return Embedder(
+        return Encoder(
             self.encoder,
             self.tokenizer,
             self.objective.pooling,
             prompt=self.objective.prompt,
-            max_sentence_tokens=s.max_length,
+            sentence_tokens=s.max_length,
             batch_size=s.eval_batch_size,
-            autocast_dtype=self.autocast,
             normalize=self.start["normalize"],
+            order="chars",
+            autocast_dtype=self.autocast,
         )
 
     def evaluate_dev(self) -> dict[str, Any]:

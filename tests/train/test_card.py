@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from pairforge.pipeline.models import Encoder
 from pairforge.stages import train as T
 from pairforge.train.card import read_front_matter, write_model_card
-from pairforge.train.encode import Embedder
 from pairforge.train.export import export_model
 from transformers import AutoModel
 
@@ -117,9 +117,15 @@ def test_card_snippets_run_and_give_the_evaluators_vectors(
     )
     snippets = _snippets((folder / "README.md").read_text())
     assert len(snippets) == 2  # sentence-transformers, then transformers alone
-    expected = Embedder(encoder, tiny_tokenizer, pooling, prompt=prompt, max_sentence_tokens=8)(
-        ["A sentence.", "Another one."]
-    )
+    expected = Encoder(
+        encoder,
+        tiny_tokenizer,
+        pooling,
+        prompt=prompt,
+        sentence_tokens=8,
+        normalize=False,
+        order="chars",
+    )(["A sentence.", "Another one."])
     for code in snippets:
         scope: dict = {}
         exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the card's own snippet

@@ -14,13 +14,30 @@ from pairforge.stages import train as T
 from pairforge.train.objectives import columns, trainable_parameters
 from pairforge.train.objectives.combined import Combined, combined_loss
 from pairforge.train.objectives.debcse import debcse_loss
-from pairforge.train.objectives.denosent import denoising_loss
+from pairforge.train.objectives.denosent import DenoSent, build_denoiser, denoising_loss
 
 from tests.train.builders import pairs_rows, write_pairs
 from tests.train.test_loop import config
 
 D, VOCAB, PAD = 8, 20, 0
 TINY = {"num_decoder_layers": 2, "decoder_feedforward": 16}
+
+
+def test_denosent_and_combined_build_their_decoder_one_way():
+    """Both take DenoSent's projector and decoder from ``build_denoiser``: the same weights under
+    a seed as DenoSent's own, the same modules in Combined."""
+    torch.manual_seed(0)
+    denosent = DenoSent(D, mask_token_id=4, pad_token_id=PAD, vocab_size=VOCAB, **TINY)
+    torch.manual_seed(0)
+    projector, decoder = build_denoiser(D, VOCAB, **TINY)
+    for ours, theirs in ((projector, denosent.projector), (decoder, denosent.decoder)):
+        mine, built = ours.state_dict(), theirs.state_dict()
+        assert mine.keys() == built.keys()
+        assert all(torch.equal(mine[k], built[k]) for k in mine)
+    combined = Combined(D, PAD, vocab_size=VOCAB, **TINY)
+    shapes = {k: v.shape for k, v in combined.decoder.state_dict().items()}
+    assert shapes == {k: v.shape for k, v in decoder.state_dict().items()}
+    assert combined.projector.weight.shape == (D, D)
 
 
 def objective(weight: float = 0.5, **kwargs) -> Combined:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from pairforge.train.encode import Embedder, describe_model, load_embedder
+from pairforge.pipeline.models import Encoder, describe_model, load_sentence_encoder
 from pairforge.train.export import export_model
 from transformers import AutoModel
 
@@ -47,13 +47,19 @@ def test_sentence_transformers_gives_the_evaluators_embeddings(
         max_sentence_tokens=8,
         info={"objective": "test", "step": 3},
     )
-    expected = Embedder(encoder, tiny_tokenizer, pooling, prompt=prompt, max_sentence_tokens=8)(
-        TEXTS
-    )
+    expected = Encoder(
+        encoder,
+        tiny_tokenizer,
+        pooling,
+        prompt=prompt,
+        sentence_tokens=8,
+        normalize=False,
+        order="chars",
+    )(TEXTS)
     loaded = SentenceTransformer(str(folder), device="cpu", trust_remote_code=pooling == "mask")
     st = loaded.encode(TEXTS, convert_to_numpy=True)
     np.testing.assert_allclose(st, expected, atol=1e-5)
-    ours, described = load_embedder(str(folder))
+    ours, described = load_sentence_encoder(str(folder))
     np.testing.assert_allclose(ours(TEXTS), expected, atol=1e-5)
     assert described["pooling"] == pooling and described["from"] == "pairforge export"
     info = json.loads((folder / "pairforge.json").read_text())
@@ -70,9 +76,15 @@ def test_mask_pooling_truncates_like_training_and_needs_trust(encoder, tiny_toke
     config = json.loads((folder / "sentence_bert_config.json").read_text())
     assert config["max_seq_length"] == 8 + 7  # [CLS] " ... " means [MASK] . [SEP]
     long, short = TEXTS[3], " ".join(TEXTS[3].split()[:8])
-    vectors = Embedder(encoder, tiny_tokenizer, "mask", PROMPT, max_sentence_tokens=8)(
-        [long, short]
-    )
+    vectors = Encoder(
+        encoder,
+        tiny_tokenizer,
+        "mask",
+        prompt=PROMPT,
+        sentence_tokens=8,
+        normalize=False,
+        order="chars",
+    )([long, short])
     np.testing.assert_allclose(vectors[0], vectors[1], atol=1e-6)
     with pytest.raises(ValueError, match="trust_remote_code"):
         SentenceTransformer(str(folder), device="cpu")

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.models import load_sentence_encoder
 from pairforge.stages import train as T
-from pairforge.train.encode import load_embedder
 
 from tests.train.builders import pairs_rows, write_pairs
 
@@ -93,7 +93,7 @@ def test_dev_evaluation_keeps_the_best_and_a_rerun_is_a_no_op(
     # The exported best model scores on the dev sets what the trainer measured.
     from pairforge.train import sts
 
-    embedder, _ = load_embedder(str(model))
+    embedder, _ = load_sentence_encoder(str(model))
     again = sts.evaluate(embedder, sts_dir, ["stsb_dev", "sickr_dev"], align_uniform=False)
     assert again["avg"] == pytest.approx(best["score"], abs=1e-3)
     mtime = (model / "model.safetensors").stat().st_mtime_ns

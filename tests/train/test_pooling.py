@@ -10,8 +10,8 @@ import logging
 import numpy as np
 import pytest
 import torch
+from pairforge.pipeline.models import Encoder, load_sentence_encoder
 from pairforge.stages import train as T
-from pairforge.train.encode import Embedder, load_embedder
 from pairforge.train.loop import start_model_vectors
 from pairforge.train.objectives import OBJECTIVES
 from pairforge.train.objectives.base import BuildContext, choose_pooling, pool_features
@@ -51,7 +51,7 @@ def st_and_ours(model_dir) -> tuple[np.ndarray, np.ndarray]:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(model_dir), device="cpu").encode(TEXTS, convert_to_numpy=True)
-    ours, _ = load_embedder(str(model_dir))
+    ours, _ = load_sentence_encoder(str(model_dir))
     return st, ours(TEXTS)
 
 
@@ -145,7 +145,7 @@ def test_the_trained_vector_is_the_one_the_evaluator_computes(
     features = dict(tiny_tokenizer(TEXTS, padding=True, return_tensors="pt"))
     with torch.no_grad():
         trained, _ = pool_features(encoder, features, pooling)
-    evaluated = Embedder(encoder, tiny_tokenizer, pooling)(TEXTS)
+    evaluated = Encoder(encoder, tiny_tokenizer, pooling, normalize=False, order="chars")(TEXTS)
     np.testing.assert_allclose(trained.numpy(), evaluated, atol=1e-5)
 
 

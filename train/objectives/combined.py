@@ -31,7 +31,7 @@ import torch
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Batch, Encoder, Objective, choose_pooling
 from pairforge.train.objectives.debcse import DebCSE, NegativeSpace
-from pairforge.train.objectives.denosent import DenoSentDecoder, denoising_loss
+from pairforge.train.objectives.denosent import build_denoiser, reconstruction_loss
 from torch import nn
 
 
@@ -84,16 +84,15 @@ class Combined(Objective):
             pooling=choose_pooling(self.name, pooling, start_pooling, DebCSE.pooling),
         )
         self.pooling = self.debcse.pooling
-        self.projector = nn.Linear(hidden_size, hidden_size)
-        self.decoder = DenoSentDecoder(
+        self.projector, self.decoder = build_denoiser(
             hidden_size,
-            vocab_size=vocab_size,
-            output_head=output_head,
-            num_layers=num_decoder_layers,
-            num_heads=num_decoder_heads,
-            dim_feedforward=decoder_feedforward,
-            dropout=decoder_dropout,
-            noise_dropout=noise_dropout,
+            vocab_size,
+            output_head,
+            num_decoder_layers,
+            num_decoder_heads,
+            decoder_feedforward,
+            decoder_dropout,
+            noise_dropout,
         )
         self.pad_token_id = pad_token_id
         self.denoising_weight = denoising_weight
@@ -115,12 +114,13 @@ class Combined(Objective):
         contrastive = self.debcse.contrastive(h_anchor, h_positive, h_negatives)
         denoising = contrastive.new_zeros(())
         if self.denoising_weight != 0:
-            logits = self.decoder(  # (batch_size, seq_len, vocab_size)
+            denoising = reconstruction_loss(
+                self.decoder,
                 self.projector(h_anchor),
                 positive_embeddings,
-                target_padding_mask=positive_ids == self.pad_token_id,
+                positive_ids,
+                self.pad_token_id,
             )
-            denoising = denoising_loss(logits, positive_ids, self.pad_token_id)
         loss = combined_loss(contrastive, denoising, self.denoising_weight)
         return {"loss": loss, "contrastive": contrastive.detach(), "denoising": denoising.detach()}
 

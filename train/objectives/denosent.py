@@ -37,7 +37,6 @@ from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for
     SENTENCE_SLOT,
     build_prompt_inputs,
     check_template,
-    truncate_sentences,
 )
 from pairforge.train.objectives.simcse import simcse_loss
 from torch import nn
@@ -165,6 +164,48 @@ class DenoSentDecoder(nn.Module):
         return self.output_head(states)  # (batch_size, seq_len, vocab_size)
 
 
+def build_denoiser(
+    hidden_size: int,
+    vocab_size: int | None = None,
+    output_head: nn.Module | None = None,
+    num_decoder_layers: int = 16,
+    num_decoder_heads: int = 1,
+    decoder_feedforward: int = 2048,
+    decoder_dropout: float = 0.1,
+    noise_dropout: float = 0.825,
+) -> tuple[nn.Linear, DenoSentDecoder]:
+    """DenoSent's training-only projector ``Linear(d, d)`` and its decoder (whose memory is the
+    projected vector), as DenoSent and Combined take them: the arguments are their recipe
+    options. Built in this order, which fixes their initial weights under a seed."""
+    projector = nn.Linear(hidden_size, hidden_size)
+    decoder = DenoSentDecoder(
+        hidden_size,
+        vocab_size=vocab_size,
+        output_head=output_head,
+        num_layers=num_decoder_layers,
+        num_heads=num_decoder_heads,
+        dim_feedforward=decoder_feedforward,
+        dropout=decoder_dropout,
+        noise_dropout=noise_dropout,
+    )
+    return projector, decoder
+
+
+def reconstruction_loss(
+    decoder: DenoSentDecoder,
+    memory: torch.Tensor,
+    target_embeddings: torch.Tensor,
+    target_ids: torch.Tensor,
+    pad_token_id: int,
+) -> torch.Tensor:
+    """Eq. 4: the decoder rebuilds ``target_ids`` ``(batch_size, seq_len)`` from ``memory``
+    ``(batch_size, d)`` and the targets' embedding-layer output ``(batch_size, seq_len, d)``."""
+    logits = decoder(  # (batch_size, seq_len, vocab_size)
+        memory, target_embeddings, target_padding_mask=target_ids == pad_token_id
+    )
+    return denoising_loss(logits, target_ids, pad_token_id)
+
+
 class DenoSent(Objective):
     """DenoSent over prompt-wrapped inputs (:func:`build_prompt_inputs`).
 
@@ -199,16 +240,15 @@ class DenoSent(Objective):
             raise ValueError("DenoSent needs a non-zero contrastive or denoising weight")
         check_template(template)
         self.prompt = template
-        self.projector = nn.Linear(hidden_size, hidden_size)
-        self.decoder = DenoSentDecoder(
+        self.projector, self.decoder = build_denoiser(
             hidden_size,
-            vocab_size=vocab_size,
-            output_head=output_head,
-            num_layers=num_decoder_layers,
-            num_heads=num_decoder_heads,
-            dim_feedforward=decoder_feedforward,
-            dropout=decoder_dropout,
-            noise_dropout=noise_dropout,
+            vocab_size,
+            output_head,
+            num_decoder_layers,
+            num_decoder_heads,
+            decoder_feedforward,
+            decoder_dropout,
+            noise_dropout,
         )
         self.mask_token_id = mask_token_id
         self.pad_token_id = pad_token_id
@@ -233,13 +273,13 @@ class DenoSent(Objective):
             )
             contrastive = simcse_loss(z, z_positive, self.temperature)  # eq. 5
         if self.denoising_weight != 0:
-            target_ids = positive["input_ids"]  # (batch_size, seq_len)
-            logits = self.decoder(
+            denoising = reconstruction_loss(
+                self.decoder,
                 z,
                 positive_out.hidden_states[0],  # (batch_size, seq_len, d), embedding-layer output
-                target_padding_mask=target_ids == self.pad_token_id,
+                positive["input_ids"],  # (batch_size, seq_len)
+                self.pad_token_id,
             )
-            denoising = denoising_loss(logits, target_ids, self.pad_token_id)
         loss = denosent_loss(contrastive, denoising, self.contrastive_weight, self.denoising_weight)
         return {
             "loss": loss,

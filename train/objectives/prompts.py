@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pairforge.pipeline.models import cut_sentences
+
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
 
@@ -20,24 +22,6 @@ def check_template(template: str) -> None:
         raise ValueError(
             f"prompt template needs one {SENTENCE_SLOT} and a {MASK_SLOT}: {template!r}"
         )
-
-
-def truncate_sentences(tokenizer: Any, sentences: Sequence[str], max_tokens: int) -> list[str]:
-    """Cut each sentence after its first ``max_tokens`` tokens (special tokens not counted).
-
-    The cut is made in the original string at the end offset of the last kept token, so casing
-    and spacing survive; this needs a fast (Rust-backed) tokenizer for the offsets.
-    """
-    encoded = tokenizer(
-        list(sentences), add_special_tokens=False, return_offsets_mapping=True, truncation=False
-    )
-    truncated = []
-    for sentence, offsets in zip(sentences, encoded["offset_mapping"], strict=True):
-        if len(offsets) <= max_tokens:
-            truncated.append(sentence)
-        else:
-            truncated.append(sentence[: offsets[max_tokens - 1][1]])
-    return truncated
 
 
 def wrap(template: str, sentences: Sequence[str], mask_token: str) -> list[str]:
@@ -62,7 +46,7 @@ def build_prompt_inputs(
     check_template(template)
     texts = wrap(
         template,
-        truncate_sentences(tokenizer, sentences, max_sentence_tokens),
+        cut_sentences(tokenizer, sentences, max_sentence_tokens),
         tokenizer.mask_token,
     )
     return tokenizer(texts, padding=True, return_tensors="pt")

