@@ -244,7 +244,8 @@ def stage_command(
             overrides = {}
             for name in fields:
                 value = kwargs.pop(name)
-                if value is not None and value != []:
+                # An option not given is None (a repeated one may be empty): the params key.
+                if value is not None and not (isinstance(value, (list, tuple)) and not value):
                     overrides[name] = value
             cfg = stage_config(stage, model, kwargs["params"], overrides)
             if "given" in wanted:

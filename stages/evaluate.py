@@ -68,7 +68,8 @@ class EvaluateConfig(StageConfig):
     tasks: list[str] = Field(
         TEST_TASKS,
         min_length=1,
-        description="tasks to run (sts12..sts16, stsb, sickr, stsb_dev, sickr_dev, demo_test)",
+        description="tasks to run: sts12..sts16, stsb, sickr, stsb_dev, sickr_dev, demo_test (on "
+        "the command line: repeat -t)",
     )
     demo_data: str = Field(
         "data/demo/eval", description="the demo evaluation set's folder (demo_dev, demo_test)"
