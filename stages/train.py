@@ -34,53 +34,27 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pairforge.pipeline.cli_options import stage_command
 from pairforge.pipeline.config import ModelSpec, StageConfig
 from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic.fields import FieldInfo
 
 STAGE = "train"
-# Keys a recipe may override; everything else is shared by all objectives.
-RECIPE_KEYS = (
-    "batch_size",
-    "lr",
-    "weight_decay",
-    "schedule",
-    "warmup_steps",
-    "warmup_ratio",
-    "max_steps",
-    "epochs",
-    "max_length",
-    "max_grad_norm",
-    "eval_every",
-    "eval_tasks",
-)
 
 
-class RecipeConfig(BaseModel):
-    """One objective's overrides of the shared training keys, and its own options."""
+class _RecipeKey:
+    """Marks a ``train`` key that ``recipes.<objective>`` may override (see ``RecipeConfig``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    def __repr__(self) -> str:
+        return "RECIPE"
 
-    batch_size: int | None = Field(None, ge=1)
-    lr: float | None = Field(None, gt=0)
-    weight_decay: float | None = Field(None, ge=0)
-    schedule: Literal["linear", "constant"] | None = None
-    warmup_steps: int | None = Field(None, ge=0)
-    warmup_ratio: float | None = Field(None, ge=0, le=1)
-    max_steps: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
-    max_length: int | None = Field(None, ge=4)
-    max_grad_norm: float | None = Field(None, ge=0)
-    eval_every: int | None = Field(None, ge=0)
-    eval_tasks: list[str] | None = None
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="objective constructor arguments"
-    )
+
+RECIPE = _RecipeKey()
 
 
 class TrainConfig(StageConfig):
@@ -96,24 +70,28 @@ class TrainConfig(StageConfig):
         description="the objective to train (a registered name: simcse, debcse, denosent, bsl, ...)",
     )
     seed: int = Field(42, description="random seed (data order, dropout, initialisation)")
-    batch_size: int = Field(64, ge=1, description="global batch size (all processes)")
-    lr: float = Field(3e-5, gt=0, description="peak learning rate")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    schedule: Literal["linear", "constant"] = Field(
+    batch_size: Annotated[int, RECIPE] = Field(
+        64, ge=1, description="global batch size (all processes)"
+    )
+    lr: Annotated[float, RECIPE] = Field(3e-5, gt=0, description="peak learning rate")
+    weight_decay: Annotated[float, RECIPE] = Field(0.0, ge=0, description="AdamW weight decay")
+    schedule: Annotated[Literal["linear", "constant"], RECIPE] = Field(
         "linear", description="learning rate after the warm-up: linear decay to 0 or constant"
     )
-    warmup_steps: int = Field(
+    warmup_steps: Annotated[int, RECIPE] = Field(
         0, ge=0, description="steps of linear warm-up; 0: warmup_ratio of the steps"
     )
-    warmup_ratio: float = Field(
+    warmup_ratio: Annotated[float, RECIPE] = Field(
         0.0, ge=0, le=1, description="share of the steps warmed up when warmup_steps is 0"
     )
-    max_steps: int | None = Field(
+    max_steps: Annotated[int | None, RECIPE] = Field(
         None, ge=1, description="optimiser steps (beats epochs); null: epochs x rows / batch_size"
     )
-    epochs: float = Field(1.0, gt=0, description="passes over the data when max_steps is unset")
-    max_length: int = Field(32, ge=4, description="tokens per sentence")
-    max_grad_norm: float = Field(1.0, ge=0, description="0: no clipping")
+    epochs: Annotated[float, RECIPE] = Field(
+        1.0, gt=0, description="passes over the data when max_steps is unset"
+    )
+    max_length: Annotated[int, RECIPE] = Field(32, ge=4, description="tokens per sentence")
+    max_grad_norm: Annotated[float, RECIPE] = Field(1.0, ge=0, description="0: no clipping")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto, fp32, bf16 or fp16 (GPU autocast)"
     )
@@ -124,8 +102,10 @@ class TrainConfig(StageConfig):
     buffer_size: int = Field(10_000, ge=1, description="shuffle buffer rows")
     save_every: int = Field(250, ge=1, description="checkpoint every N steps")
     keep_checkpoints: int = Field(1, ge=1, description="resumable checkpoints kept, newest first")
-    eval_every: int = Field(125, ge=0, description="0: no dev evaluation (the last step is kept)")
-    eval_tasks: list[str] = Field(
+    eval_every: Annotated[int, RECIPE] = Field(
+        125, ge=0, description="0: no dev evaluation (the last step is kept)"
+    )
+    eval_tasks: Annotated[list[str], RECIPE] = Field(
         ["stsb_dev", "sickr_dev"],
         min_length=1,
         description="dev tasks that select the checkpoint (stsb_dev, sickr_dev, demo_dev)",
@@ -178,19 +158,46 @@ class TrainConfig(StageConfig):
         return self
 
 
+def _recipe_config() -> type[BaseModel]:
+    """``RecipeConfig``: each ``RECIPE`` key of ``TrainConfig`` with its type and validation and
+    no default (None: the shared key applies), then the objective's ``options``."""
+    overridable = {
+        name: (info.annotation | None, FieldInfo.merge_field_infos(info, default=None))
+        for name, info in TrainConfig.model_fields.items()
+        if RECIPE in info.metadata
+    }
+    return create_model(
+        "RecipeConfig",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        __doc__="One objective's overrides of the shared training keys, and its own options.",
+        __module__=__name__,
+        **overridable,
+        options=(
+            dict[str, Any],
+            Field(default_factory=dict, description="objective constructor arguments"),
+        ),
+    )
+
+
+# Declared once, in TrainConfig: a recipe's keys are its RECIPE fields.
+RecipeConfig = _recipe_config()
+RECIPE_KEYS = tuple(name for name in RecipeConfig.model_fields if name != "options")
+TrainConfig.model_rebuild()  # resolves ``recipes: dict[str, RecipeConfig]``
+
+
 def settings_for(
     cfg: TrainConfig, objective: str | None = None, forced: frozenset[str] = frozenset()
 ):
-    """The TrainSettings of ``objective`` (default ``cfg.objective``): shared keys, its recipe,
-    then ``forced`` keys (given on the command line) from the shared ones again."""
-    objective = objective or cfg.objective
+    """The TrainSettings of ``objective`` (default ``cfg.objective``), every field taken from
+    ``cfg`` by name: shared keys, its recipe, then ``forced`` keys (given on the command line)
+    from the shared ones again. ``options`` are the recipe's (none without a recipe)."""
+    from dataclasses import fields
+
     from pairforge.train.loop import TrainSettings
 
-    values = {
-        k: getattr(cfg, k)
-        for k in TrainSettings.__dataclass_fields__
-        if k in TrainConfig.model_fields and k != "objective"
-    }
+    objective = objective or cfg.objective
+    own = {"objective", "options"}
+    values = {f.name: getattr(cfg, f.name) for f in fields(TrainSettings) if f.name not in own}
     recipe = cfg.recipes.get(objective)
     if recipe is not None:
         for key in RECIPE_KEYS:
@@ -313,28 +320,33 @@ def run(
         result = Trainer(
             settings, cfg.input, out, fingerprint(cfg, settings, data_fingerprint), progress, hooks
         ).run()
-    if not dist.is_main():
-        return {}
-    metrics = {objective: _objective_metrics(result["summary"])}
-    plots = Path(cfg.plots)
-    columns = ["step", "epoch", "loss", "lr", "rows_per_s", "tokens_per_s", "grad_norm"]
-    extra = sorted({k for h in result["history"] for k in h} - set(columns))
-    write_csv(plots / f"{objective}.csv", result["history"], columns + extra)
-    write_csv(
-        plots / f"{objective}_dev.csv",
-        result["dev_history"],
-        ["step", "score", *settings.eval_tasks],
-    )
-    plot_training(
-        Path(cfg.reports) / f"train_{objective}.png",
-        objective,
-        result["history"],
-        result["dev_history"],
-        settings.eval_tasks,
-    )
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
-    return metrics
+    try:
+        if not dist.is_main():
+            return {}
+        metrics = {objective: _objective_metrics(result["summary"])}
+        plots = Path(cfg.plots)
+        columns = ["step", "epoch", "loss", "lr", "rows_per_s", "tokens_per_s", "grad_norm"]
+        extra = sorted({k for h in result["history"] for k in h} - set(columns))
+        write_csv(plots / f"{objective}.csv", result["history"], columns + extra)
+        write_csv(
+            plots / f"{objective}_dev.csv",
+            result["dev_history"],
+            ["step", "score", *settings.eval_tasks],
+        )
+        plot_training(
+            Path(cfg.reports) / f"train_{objective}.png",
+            objective,
+            result["history"],
+            result["dev_history"],
+            settings.eval_tasks,
+        )
+        Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+        write_metrics(cfg.metrics, metrics, STAGE)
+        return metrics
+    finally:
+        # Under torchrun every rank leaves the group together, once rank 0 has written the
+        # outputs above: a rank that left first would abort the other.
+        dist.shutdown()
 
 
 def _objective_metrics(summary: dict) -> dict:
