@@ -258,15 +258,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             cache=KeyValueCache(cfg.cache, "translations") if cfg.cache else MemoryCache(),
             lengths=cfg.lengths(),
             batching=Batching(cfg.max_batch_tokens, cfg.max_batch_sentences),
-            noise=NoiseSettings(
-                copies=cfg.noise.copies,
-                kinds=tuple(cfg.noise.kinds),
-                min_words=cfg.noise.min_words,
-                max_words=cfg.noise.max_words,
-                vocabulary=tuple(vocabulary),
-                mask_token=cfg.noise.mask_token,
-                seed=cfg.seed,
-            ),
+            noise=NoiseSettings.of(cfg.noise, vocabulary, cfg.seed),
             seed=cfg.seed,
             progress=progress,
         )

@@ -118,21 +118,7 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
                 "MLM losses)",
                 cfg.model,
             )
-        settings = PretrainSettings(
-            lower_layers=cfg.lower_layers,
-            head_layers=cfg.head_layers,
-            mask_rate=cfg.mask_rate,
-            aux_weight=cfg.aux_weight,
-            train_backbone=cfg.train_backbone,
-            max_length=cfg.max_length,
-            batch_size=cfg.batch_size,
-            steps=steps,
-            learning_rate=cfg.learning_rate,
-            weight_decay=cfg.weight_decay,
-            warmup_ratio=cfg.warmup_ratio,
-            seed=cfg.seed,
-            checkpoint_every=cfg.checkpoint_every,
-        )
+        settings = PretrainSettings.of(cfg, steps)
         meta = {
             "fingerprint": fingerprint,
             "model": cfg.model,

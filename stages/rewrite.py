@@ -111,21 +111,7 @@ class RewriteConfig(StageConfig):
         return value
 
     def chat(self) -> ChatSettings:
-        return ChatSettings(
-            base_url=self.base_url,
-            model=self.model,
-            api_key_env=self.api_key_env,
-            prompt=self.prompt,
-            system=self.system,
-            temperature=self.temperature,
-            max_tokens=self.max_tokens,
-            timeout=self.timeout,
-            max_retries=self.max_retries,
-            backoff_base=self.backoff_base,
-            backoff_max=self.backoff_max,
-            concurrency=self.concurrency,
-            requests_per_minute=self.requests_per_minute,
-        )
+        return ChatSettings.of(self)
 
     def validation(self) -> Validation:
         return Validation(
