@@ -7,6 +7,12 @@ finished. The function must be picklable (a module-level function or a ``functoo
 of one) so that Dask workers can run it; the output folders must be visible to the workers
 (always true for a LocalCluster; a shared filesystem for a remote cluster).
 
+Every per-shard stage (ingest's read+clean, backtranslate, rewrite, embed, mine's queries,
+sample) runs through ``map_shards`` or ``map_tables`` with this one contract: Arrow in, a
+``ShardResult`` (tables and counts) out, resume by ``pending``. Ingest's dedup step is the one
+shard loop of its own: it regroups every chunk's kept rows into shards of ``rows_per_shard``
+after a global pass, so an output shard is not a function of one input shard.
+
 Executors are chosen at the edge (``make_executor``); no stage imports Dask.
 """
 
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -183,6 +189,19 @@ def make_executor(workers: int = 0, scheduler: str | None = None, threads: int =
 _END = object()
 
 
+def finished(outputs: Mapping[str, DatasetWriter] | Iterable[DatasetWriter], index: int) -> bool:
+    """Whether every output has finished shard ``index`` (a run never computes it again)."""
+    writers = outputs.values() if isinstance(outputs, Mapping) else outputs
+    return all(w.is_done(index) for w in writers)
+
+
+def pending(outputs: Mapping[str, DatasetWriter] | Iterable[DatasetWriter], n: int) -> list[int]:
+    """The indexes in ``range(n)`` that some output has not finished: what a run (or a resumed
+    one) still computes, in order."""
+    writers = list(outputs.values() if isinstance(outputs, Mapping) else outputs)
+    return [i for i in range(n) if not finished(writers, i)]
+
+
 @dataclass(frozen=True)
 class _Job:
     index: int
@@ -226,11 +245,7 @@ def map_shards(
     completion order)."""
     inputs = inputs.sources()
     specs = {name: (str(w.path), w.spec, w.name, w.write_options) for name, w in outputs.items()}
-    todo = [
-        _Job(i, path, specs, with_index)
-        for i, path in enumerate(inputs)
-        if not all(w.is_done(i) for w in outputs.values())
-    ]
+    todo = [_Job(i, inputs[i], specs, with_index) for i in pending(outputs, len(inputs))]
     bar = Progress(label, total=len(inputs), skipped=len(inputs) - len(todo), enabled=progress)
     if todo:
         log.info(

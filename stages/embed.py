@@ -33,7 +33,7 @@ from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.models import DEFAULT_PROMPT
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
 from pairforge.pipeline.shards import (
     MANIFEST,
     Dataset,
@@ -398,7 +398,7 @@ def _embed_dataset(
         fingerprint=fp,
         name=out,
     )
-    todo = [i for i in range(n_shards) if not writer.is_done(i)]
+    todo = pending([writer], n_shards)
     todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
     start = time.monotonic()
     reused = 0

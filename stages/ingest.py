@@ -33,7 +33,7 @@ from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
-from pairforge.pipeline.runner import Executor, ShardResult, map_tables
+from pairforge.pipeline.runner import Executor, ShardResult, finished, map_tables
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
@@ -281,7 +281,7 @@ def _raw_chunks(
         read_chunks(files, cfg.field, cfg.max_line_bytes, cfg.chunk_rows, rows_by_file)
     ):
         counter[0] = index + 1
-        if all(w.is_done(index) for w in outputs):
+        if finished(outputs, index):
             counter[1] += 1
         else:
             yield index, _block_table(block)

@@ -37,7 +37,7 @@ from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables, pending
 from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 from pairforge.stages.mining.inputs import (
     ArrowTexts,
@@ -469,7 +469,7 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
         cfg.output, S.POOLS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )
     bounds = np.concatenate([[0], np.cumsum([s["rows"] for s in sentences.manifest["shards"]])])
-    todo = [i for i in range(len(sentences)) if not writer.is_done(i)]
+    todo = pending([writer], len(sentences))
     index_facts: dict[str, Any] = {}
     coverage_sample: dict[str, Any] = {}
     aug_facts: dict[str, Any] = {}

@@ -29,7 +29,7 @@ from pairforge.pipeline.errors import ConfigError, DataIntegrityError
 from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.runner import Executor, map_tables
+from pairforge.pipeline.runner import Executor, finished, map_tables, pending
 from pairforge.pipeline.shards import (
     MANIFEST,
     DatasetWriter,
@@ -176,13 +176,13 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
                 progress=progress,
             )
             outputs = {"rewrites": rewrites, "rejected": quarantine}
-            done_before = {i for i in range(len(sentences)) if rewrites.is_done(i)}
+            todo = set(pending(outputs, len(sentences)))
             map_tables(fn, _tables(cfg, sentences, outputs), outputs, executor, STAGE, progress)
             counts: dict[str, int] = {}
             for i, info in enumerate(rewrites.finished_shards()):
                 for k, v in info.counts.items():
                     counts[k] = counts.get(k, 0) + v
-                    if i not in done_before:
+                    if i in todo:
                         this_run[k] = this_run.get(k, 0) + v
             extra = {
                 "counts": counts,
@@ -228,7 +228,7 @@ def _tables(cfg: RewriteConfig, sentences, outputs: dict[str, DatasetWriter]):
     offset = 0
     for index, shard in enumerate(sentences.manifest["shards"]):
         rows = shard["rows"]
-        if not all(w.is_done(index) for w in outputs.values()):
+        if not finished(outputs, index):
             table = sentences.read_shard(index)
             if cfg.max_sentences is not None:
                 table = table.slice(0, max(0, min(rows, cfg.max_sentences - offset)))

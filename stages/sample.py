@@ -47,7 +47,7 @@ from pairforge.pipeline.errors import ConfigError, DataIntegrityError, Pairforge
 from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
 from pairforge.pipeline.shards import (
     DatasetWriter,
     atomic_write_bytes,
@@ -346,7 +346,7 @@ def run(
     writer = DatasetWriter(
         cfg.output, S.PAIRS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )
-    todo = [i for i in range(len(pools)) if not writer.is_done(i)]
+    todo = pending([writer], len(pools))
     shard_facts: list[dict[str, Any]] = []
     if todo:
         ex = executor or LocalExecutor()

@@ -160,3 +160,35 @@ def test_with_index_and_facts(tmp_path, threads):
     tables = ((i, inputs.read_shard(i)) for i in range(3))
     map_tables(tagged, tables, {"out": out2}, LocalExecutor(), "t", False, True, facts)
     assert sorted(f["index"] for f in facts) == [0, 1, 2]
+
+
+def test_pending_is_what_some_output_has_not_finished(tmp_path):
+    """A shard is skipped only when every output has it; one output missing it reruns it."""
+    from pairforge.pipeline.runner import finished, pending
+
+    make_input(tmp_path, shards=3)
+    inputs = open_dataset(tmp_path / "in", S.SENTENCES)
+    a = DatasetWriter(tmp_path / "a", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    b = DatasetWriter(tmp_path / "b", S.SENTENCES, stage="t", params={}, fingerprint="g")
+    assert pending({"a": a, "b": b}, 3) == [0, 1, 2]
+    table = inputs.read_shard(0)
+    a.write(0, table)
+    a.write(2, table)
+    b.write(2, table)
+    assert pending([a, b], 3) == [0, 1] and pending([a], 3) == [1]
+    assert finished([a, b], 2) and not finished({"a": a, "b": b}, 0)
+    calls: list[int] = []
+    map_shards(
+        functools.partial(upper2, calls=calls),
+        inputs,
+        {"a": a, "b": b},
+        LocalExecutor(),
+        "t",
+        False,
+    )
+    assert calls == [2, 2] and pending([a, b], 3) == []
+
+
+def upper2(table: pa.Table, calls: list[int]) -> ShardResult:
+    out = upper(table, calls).tables["out"]
+    return ShardResult({"a": out, "b": out}, {"rows": table.num_rows})
