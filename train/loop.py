@@ -33,7 +33,7 @@ import torch
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.models import (
     EXPORT_INFO,
-    Encoder,
+    SentenceEncoder,
     describe_model,
     hub_kwargs,
     load_masked_lm,
@@ -472,10 +472,10 @@ class Trainer:
             name: float(means[j]) for j, name in enumerate(names) if not bool(torch.isnan(means[j]))
         }
 
-    def embedder(self) -> Encoder:
+    def embedder(self) -> SentenceEncoder:
         """The evaluator's encoder over the model being trained (its mode restored after)."""
         s = self.settings
-        return Encoder(
+        return SentenceEncoder(
             self.encoder,
             self.tokenizer,
             self.objective.pooling,

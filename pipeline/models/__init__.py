@@ -2,7 +2,7 @@
 
 - ``spec``: model specs (hub id, local folder, ``package:``), loading a tokenizer and encoder;
 - ``pooling``: token states to one vector (``cls``, ``cls_before_pooler``, ``mean``, ``mask``);
-- ``encoder``: :class:`Encoder`, texts to vectors for embed, report, train and evaluate;
+- ``encoder``: :class:`SentenceEncoder`, texts to vectors for embed, report, train and evaluate;
   :func:`load_text_encoder` builds embed's (``transformers`` or ``ctranslate2`` engine, ``ct2``);
 - ``describe``: what a model folder says about its vectors (sentence-transformers modules,
   this project's export) and :func:`load_sentence_encoder`, the evaluator's encoder;
@@ -17,7 +17,7 @@ from pairforge.pipeline.models.describe import (
     load_sentence_encoder,
     st_modules,
 )
-from pairforge.pipeline.models.encoder import ENGINES, Encoder, load_text_encoder
+from pairforge.pipeline.models.encoder import ENGINES, SentenceEncoder, load_text_encoder
 from pairforge.pipeline.models.mlm import load_masked_lm, mlm_head_of
 from pairforge.pipeline.models.pooling import (
     DEFAULT_PROMPT,
@@ -46,7 +46,7 @@ __all__ = [
     "EXPORT_INFO",
     "PACKAGE_PREFIX",
     "POOLINGS",
-    "Encoder",
+    "SentenceEncoder",
     "Pooling",
     "check_pooling",
     "cut_sentences",

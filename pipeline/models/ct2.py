@@ -18,7 +18,7 @@ from pairforge.pipeline.errors import ConfigError
 
 
 class CT2Model:
-    """A ``ctranslate2.Encoder`` called like a transformers encoder, for :class:`Encoder`."""
+    """A ``ctranslate2.Encoder`` called like a transformers encoder (for ``SentenceEncoder``)."""
 
     training = False
 

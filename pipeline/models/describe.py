@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models.encoder import Encoder
+from pairforge.pipeline.models.encoder import SentenceEncoder
 from pairforge.pipeline.models.pooling import POOLINGS
 from pairforge.pipeline.models.spec import load_encoder, resolve_model
 
@@ -128,8 +128,8 @@ def load_sentence_encoder(
     batch_size: int = 64,
     max_length: int | None = None,
     max_sentence_tokens: int = 32,
-) -> tuple[Encoder, dict[str, Any]]:
-    """The evaluator's :class:`Encoder` for the model ``spec`` and what it was built from.
+) -> tuple[SentenceEncoder, dict[str, Any]]:
+    """The evaluator's :class:`SentenceEncoder` for the model ``spec`` and what it was built from.
 
     ``pooling="auto"`` reads it from the folder (:func:`describe_model`); anything else overrides
     it, with ``prompt`` the template for ``mask`` pooling (each sentence cut to
@@ -146,7 +146,7 @@ def load_sentence_encoder(
     ):
         raise ConfigError(f"model {spec!r}: mask pooling needs a prompt template")
     tokenizer, model = load_encoder(spec, device=device)
-    encoder = Encoder(
+    encoder = SentenceEncoder(
         model,
         tokenizer,
         described["pooling"],

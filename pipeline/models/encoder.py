@@ -1,6 +1,6 @@
 """One sentence encoder for every stage: texts in, float32 vectors out, in input order.
 
-:class:`Encoder` wraps a loaded model (a transformers encoder, or CTranslate2's through
+:class:`SentenceEncoder` wraps a loaded model (a transformers encoder, or CTranslate2's through
 ``ct2.CT2Model``), its tokenizer and a pooling (``pooling.pool``). Embed and report build it with
 :func:`load_text_encoder` (the ``embed`` params: model spec, engine, dtype, unit vectors); the
 evaluator with ``describe.load_sentence_encoder`` (pooling read from the model folder); training's
@@ -36,7 +36,7 @@ Order = Literal["tokens", "chars"]
 ENGINES: tuple[str, ...] = ("transformers", "ctranslate2")
 
 
-class Encoder:
+class SentenceEncoder:
     """``texts -> (n, dim)`` float32 vectors, in the order given; unit L2 norm with ``normalize``,
     else as pooled.
 
@@ -250,8 +250,8 @@ def load_text_encoder(
     engine: str = "transformers",
     compute_type: str = "int8",
     models_dir: str = ".cache/pairforge/ctranslate2",
-) -> Encoder:
-    """The :class:`Encoder` of the ``embed`` params: unit vectors, token-length batches.
+) -> SentenceEncoder:
+    """The :class:`SentenceEncoder` of the ``embed`` params: unit vectors, token-length batches.
 
     ``pooling="mask"`` wraps each text in ``prompt``, cut first to the token budget ``max_length``
     leaves after the prompt, so the [MASK] is never truncated away. ``dtype`` is the compute
@@ -289,7 +289,7 @@ def load_text_encoder(
         source["compute_type"] = compute_type
     else:
         tokenizer, net = load_encoder(model, device, dtype)
-    return Encoder(
+    return SentenceEncoder(
         net,
         tokenizer,
         pooling,

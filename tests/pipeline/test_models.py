@@ -15,7 +15,7 @@ import torch
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.models import (
     POOLINGS,
-    Encoder,
+    SentenceEncoder,
     load_encoder,
     load_masked_lm,
     load_sentence_encoder,
@@ -182,7 +182,7 @@ def test_evaluator_encoder_gives_the_previous_numbers(tiny, pooling, prompt, nor
     ``sentence_tokens`` before the prompt, unit length only when asked)."""
     tokenizer, model = load_encoder(str(tiny))
     model.train()  # the caller's mode survives encoding
-    encoder = Encoder(
+    encoder = SentenceEncoder(
         model,
         tokenizer,
         pooling,
@@ -215,7 +215,12 @@ def test_empty_input_and_bad_settings_are_clear(tiny):
     with pytest.raises(ConfigError, match="leaves no room for a sentence"):
         load_text_encoder(str(tiny), "mask", device="cpu", max_length=4)
     with pytest.raises(ConfigError, match="order 'random'"):
-        Encoder(encoder.model, encoder.tokenizer, "mean", order="random")  # type: ignore[arg-type]
+        SentenceEncoder(
+            encoder.model,
+            encoder.tokenizer,
+            "mean",
+            order="random",  # type: ignore[arg-type]
+        )
 
 
 def test_mlm_loader_names_the_head_weights_it_initialised(tmp_path, tiny):

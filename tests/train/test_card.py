@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pairforge.pipeline.models import Encoder
+from pairforge.pipeline.models import SentenceEncoder
 from pairforge.stages import train as T
 from pairforge.train.card import read_front_matter, write_model_card
 from pairforge.train.export import export_model
@@ -117,7 +117,7 @@ def test_card_snippets_run_and_give_the_evaluators_vectors(
     )
     snippets = _snippets((folder / "README.md").read_text())
     assert len(snippets) == 2  # sentence-transformers, then transformers alone
-    expected = Encoder(
+    expected = SentenceEncoder(
         encoder,
         tiny_tokenizer,
         pooling,

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.models import Encoder, describe_model, load_sentence_encoder
+from pairforge.pipeline.models import SentenceEncoder, describe_model, load_sentence_encoder
 from pairforge.train.export import export_model
 from transformers import AutoModel
 
@@ -47,7 +47,7 @@ def test_sentence_transformers_gives_the_evaluators_embeddings(
         max_sentence_tokens=8,
         info={"objective": "test", "step": 3},
     )
-    expected = Encoder(
+    expected = SentenceEncoder(
         encoder,
         tiny_tokenizer,
         pooling,
@@ -76,7 +76,7 @@ def test_mask_pooling_truncates_like_training_and_needs_trust(encoder, tiny_toke
     config = json.loads((folder / "sentence_bert_config.json").read_text())
     assert config["max_seq_length"] == 8 + 7  # [CLS] " ... " means [MASK] . [SEP]
     long, short = TEXTS[3], " ".join(TEXTS[3].split()[:8])
-    vectors = Encoder(
+    vectors = SentenceEncoder(
         encoder,
         tiny_tokenizer,
         "mask",

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.models import Encoder, load_sentence_encoder
+from pairforge.pipeline.models import SentenceEncoder, load_sentence_encoder
 from pairforge.stages import train as T
 from pairforge.train.loop import start_model_vectors
 from pairforge.train.objectives import OBJECTIVES
@@ -145,7 +145,9 @@ def test_the_trained_vector_is_the_one_the_evaluator_computes(
     features = dict(tiny_tokenizer(TEXTS, padding=True, return_tensors="pt"))
     with torch.no_grad():
         trained, _ = pool_features(encoder, features, pooling)
-    evaluated = Encoder(encoder, tiny_tokenizer, pooling, normalize=False, order="chars")(TEXTS)
+    evaluated = SentenceEncoder(encoder, tiny_tokenizer, pooling, normalize=False, order="chars")(
+        TEXTS
+    )
     np.testing.assert_allclose(trained.numpy(), evaluated, atol=1e-5)
 
 

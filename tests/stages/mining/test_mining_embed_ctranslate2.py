@@ -12,7 +12,7 @@ from mining_helpers import copy_project, make_texts, read_json
 from pairforge.pipeline import runner
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.models import Encoder, load_text_encoder
+from pairforge.pipeline.models import SentenceEncoder, load_text_encoder
 from pairforge.pipeline.shards import open_dataset
 from pairforge.stages.embed import EmbedConfig, run
 from pairforge.stages.mining.inputs import load_vectors, open_embeddings
@@ -22,7 +22,7 @@ pytest.importorskip("ctranslate2")
 POOLINGS = ["mean", "cls", "cls_before_pooler", "mask"]
 
 
-def _encoder(model, pooling, tmp_path, **kw) -> Encoder:
+def _encoder(model, pooling, tmp_path, **kw) -> SentenceEncoder:
     return load_text_encoder(
         str(model),
         pooling,
