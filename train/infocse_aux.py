@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models import mlm_head_of
+from pairforge.pipeline.models import new_mlm_head
 from pairforge.pipeline.shards import apply_umask, atomic_write_json
 from torch import nn
 
@@ -49,35 +49,6 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList:
             f"{type(model).__name__}"
         )
     return layers
-
-
-def output_projection(head: nn.Module) -> nn.Linear:
-    """The hidden-to-vocabulary ``Linear`` of an MLM head."""
-    decoder = getattr(head, "decoder", None) or getattr(
-        getattr(head, "predictions", None), "decoder", None
-    )
-    if not isinstance(decoder, nn.Linear):
-        raise ConfigError(f"MLM head {type(head).__name__} has no decoder Linear")
-    return decoder
-
-
-def new_mlm_head(config: Any, word_embeddings: torch.Tensor | None = None) -> nn.Module:
-    """A freshly initialised MLM head of the encoder's architecture.
-
-    The output projection starts as a copy of ``word_embeddings`` when given (BERT ties the two),
-    the transform from the architecture's own initialisation.
-    """
-    from transformers import AutoModelForMaskedLM
-
-    model = AutoModelForMaskedLM.from_config(copy.deepcopy(config))
-    head = mlm_head_of(model)
-    if head is None:
-        raise ConfigError(f"no MLM head class for model_type {config.model_type!r}")
-    head = copy.deepcopy(head)
-    if word_embeddings is not None:
-        decoder = output_projection(head)
-        decoder.weight = nn.Parameter(word_embeddings.detach().clone())
-    return head
 
 
 def attention_bias(config: Any, states: torch.Tensor, attention_mask: torch.Tensor) -> Any:

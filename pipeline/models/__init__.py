@@ -6,7 +6,8 @@
   :func:`load_text_encoder` builds embed's (``transformers`` or ``ctranslate2`` engine, ``ct2``);
 - ``describe``: what a model folder says about its vectors (sentence-transformers modules,
   this project's export) and :func:`load_sentence_encoder`, the evaluator's encoder;
-- ``mlm``: the masked-LM loader and MLM-head finder of pretrain and train.
+- ``mlm``: masked-LM models and their heads (loader, head finder, fresh heads) for pretrain and
+  train.
 
 Importing this package imports neither torch nor transformers: they load on first use.
 """
@@ -18,7 +19,13 @@ from pairforge.pipeline.models.describe import (
     st_modules,
 )
 from pairforge.pipeline.models.encoder import ENGINES, SentenceEncoder, load_text_encoder
-from pairforge.pipeline.models.mlm import load_masked_lm, mlm_head_of
+from pairforge.pipeline.models.mlm import (
+    head_is_untrained,
+    load_masked_lm,
+    mlm_head_of,
+    new_mlm_head,
+    output_projection,
+)
 from pairforge.pipeline.models.pooling import (
     DEFAULT_PROMPT,
     POOLINGS,
@@ -51,6 +58,7 @@ __all__ = [
     "check_pooling",
     "cut_sentences",
     "describe_model",
+    "head_is_untrained",
     "hub_id",
     "hub_kwargs",
     "is_local_spec",
@@ -60,6 +68,8 @@ __all__ = [
     "load_text_encoder",
     "mlm_head_of",
     "model_label",
+    "new_mlm_head",
+    "output_projection",
     "pick_device",
     "pool",
     "resolve_model",

@@ -1,4 +1,5 @@
-"""Masked-LM models: one loader and one head finder, for pretrain and train.
+"""Masked-LM models and their heads, for pretrain and train: one loader, one head finder, the
+head's output projection, a fresh head of an architecture, and telling an untrained head.
 
 A checkpoint without an MLM head (MiniLM and other sentence-transformers exports) still loads:
 transformers initialises the head (its output layer tied to the word embeddings), and
@@ -67,3 +68,53 @@ def mlm_head_of(model: Any, required: bool = False) -> Any:
             f"{[n for n, _ in others]})"
         )
     return None
+
+
+def output_projection(head: Any) -> Any:
+    """The hidden-to-vocabulary ``Linear`` of an MLM head."""
+    from torch import nn
+
+    decoder = getattr(head, "decoder", None) or getattr(
+        getattr(head, "predictions", None), "decoder", None
+    )
+    if not isinstance(decoder, nn.Linear):
+        raise ConfigError(f"MLM head {type(head).__name__} has no decoder Linear")
+    return decoder
+
+
+def new_mlm_head(config: Any, word_embeddings: Any = None) -> Any:
+    """A freshly initialised MLM head of the encoder's architecture (``config``).
+
+    The output projection starts as a copy of ``word_embeddings`` when given (BERT ties the two),
+    the transform from the architecture's own initialisation.
+    """
+    import copy
+
+    from torch import nn
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_config(copy.deepcopy(config))
+    head = mlm_head_of(model)
+    if head is None:
+        raise ConfigError(f"no MLM head class for model_type {config.model_type!r}")
+    head = copy.deepcopy(head)
+    if word_embeddings is not None:
+        decoder = output_projection(head)
+        decoder.weight = nn.Parameter(word_embeddings.detach().clone())
+    return head
+
+
+def head_is_untrained(head: Any) -> bool:
+    """True when an MLM head's LayerNorms and biases still hold their initial ones and zeros.
+
+    A ``*ForMaskedLM`` loaded from a checkpoint without a head (MiniLM, sentence-transformers
+    exports) gets a fresh one; trained LayerNorm weights are never all exactly 1.
+    """
+    from torch import nn
+
+    norms = [m for m in head.modules() if isinstance(m, nn.LayerNorm)]
+    if not norms:
+        return False
+    return all(
+        bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all())) for m in norms
+    )

@@ -9,17 +9,17 @@ import math
 import pytest
 import torch
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import head_is_untrained, output_projection
 from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     load_auxiliary,
     mask_tokens,
     masked_lm_loss,
-    output_projection,
     save_auxiliary,
 )
 from pairforge.train.objectives import check_columns, columns, get_objective, trainable_parameters
 from pairforge.train.objectives.base import BuildContext
-from pairforge.train.objectives.infocse import InfoCSE, head_is_untrained, infocse_loss
+from pairforge.train.objectives.infocse import InfoCSE, infocse_loss
 from pairforge.train.objectives.simcse import simcse_loss
 from torch import nn
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models import head_is_untrained
 from pairforge.train.infocse_aux import (  # noqa: F401 - mask_tokens re-exported with the objective
     AuxiliaryMLM,
     encoder_layers,
@@ -147,20 +148,6 @@ class InfoCSE(Objective):
             "mlm": mlm.detach(),
             "mlm_accuracy": accuracy.detach(),
         }
-
-
-def head_is_untrained(head: nn.Module) -> bool:
-    """True when an MLM head's LayerNorms and biases still hold their initial ones and zeros.
-
-    A ``*ForMaskedLM`` loaded from a checkpoint without a head (MiniLM, sentence-transformers
-    exports) gets a fresh one; trained LayerNorm weights are never all exactly 1.
-    """
-    norms = [m for m in head.modules() if isinstance(m, nn.LayerNorm)]
-    if not norms:
-        return False
-    return all(
-        bool((m.weight == 1).all()) and (m.bias is None or bool((m.bias == 0).all())) for m in norms
-    )
 
 
 def _source_auxiliary(
