@@ -87,16 +87,49 @@ def sample_shard(
     (negatives) and against ``edit_index`` rows of the candidates (positives), with every text
     encoded once per run (``edits.edit_scorer``).
     """
+    rows = _checked_rows(pools, ids, shard)
+    t0 = time.perf_counter()
+    neg = _draw_negatives(pools, rows, edits, cfg, shard, batch)
+    pos = _draw_positives(positives, rows, edits, cfg, shard, batch)
+    seconds = time.perf_counter() - t0
+    columns = _pair_columns(pools, rows, texts, neg, pos)
+    counts = _counts(len(rows), columns, neg, pos)
+    _add_single_views(columns, counts, pos, cfg, len(rows))
+    table = _apply_short(pa.table(columns), columns, neg, cfg)
+    counts["dropped_short"] = len(rows) - table.num_rows
+    counts["rows"] = table.num_rows
+    return table, counts, seconds
+
+
+def _checked_rows(pools: pa.Table, ids: pa.Array, shard: int) -> np.ndarray:
+    """The anchors' corpus rows of a pools shard, ascending; raises ``DataIntegrityError`` when
+    the ids at those rows are not the pools' anchor ids (pools mined from other sentences)."""
     rows = pools[S.ROW].to_numpy()
-    n = len(rows)
     if not ids.take(pa.array(rows)).equals(pools[S.ID].combine_chunks()):
         raise DataIntegrityError(
             f"pools shard {shard}: anchor ids do not match the sentences at their rows; "
             "the pools are stale, run mine again"
         )
-    t0 = time.perf_counter()
+    return rows
 
-    # Negatives: score every pool candidate, then draw m.
+
+@dataclass(frozen=True)
+class _Negatives:
+    """A shard's scored negative pools and their draw: ``offsets`` (n + 1,) into the flat pool
+    candidates, ``cand_rows`` (N,) their corpus rows, ``edit`` (N,) their edit distances."""
+
+    offsets: np.ndarray
+    cand_rows: np.ndarray
+    edit: np.ndarray
+    scores: Any  # pairs.score_pools
+    drawn: Any  # pairs.draw
+
+
+def _draw_negatives(
+    pools: pa.Table, rows: np.ndarray, edits: PairScorer, cfg: DrawParams, shard: int, batch: int
+) -> _Negatives:
+    """Score every pool candidate (edit distance, cosine, P_neg: eqs. 1, 3-4), then draw ``m``
+    per anchor without replacement, seeded by (seed, shard, batch, 0)."""
     pool_rows = pools[S.POOL_ROWS].combine_chunks()
     n_off = pool_rows.offsets.to_numpy().astype(np.int64)
     n_off -= n_off[0]
@@ -105,11 +138,44 @@ def sample_shard(
     cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
     neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature, cfg.ipw)
     neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
-    picked = pa.array(neg_draw.indices)
+    return _Negatives(n_off, cand_rows, edit, neg, neg_draw)
 
-    # Positives: the anchors' candidates, identical copies skipped unless kept, then one
-    # candidate per distinct text (the first in source order), so that a text two routes both
-    # produced is one candidate: scored once, drawn at most once, no likelier than any other.
+
+@dataclass(frozen=True)
+class _Positives:
+    """A shard's positive candidates at each step: ``kept`` (identical copies skipped unless
+    kept; ``keep`` its mask over the shard's candidates, ``local`` their anchor positions),
+    ``kept_local`` its anchor positions, ``rep`` (n_kept,) the first kept candidate of its text,
+    ``distinct`` its mask of first texts, ``pool`` the distinct ones (``offsets`` by anchor),
+    which are scored and drawn from."""
+
+    local: np.ndarray
+    keep: np.ndarray
+    kept: pa.Table
+    kept_local: np.ndarray
+    rep: np.ndarray
+    distinct: np.ndarray
+    pool: pa.Table
+    offsets: np.ndarray
+    edit: np.ndarray
+    scores: Any  # pairs.score_pools
+    drawn: Any  # pairs.draw
+
+
+def _draw_positives(
+    positives: pa.Table,
+    rows: np.ndarray,
+    edits: PairScorer,
+    cfg: DrawParams,
+    shard: int,
+    batch: int,
+) -> _Positives:
+    """Score the anchors' distinct candidates (edit distance, cosine, P_pos: eqs. 2, 5-6), then
+    draw ``m_positive`` (default ``m``) per anchor, seeded by (seed, shard, batch, 1)."""
+    n = len(rows)
+    # Identical copies skipped unless kept, then one candidate per distinct text (the first in
+    # source order), so that a text two routes both produced is one candidate: scored once,
+    # drawn at most once, no likelier than any other.
     local = np.searchsorted(rows, positives[S.ROW].to_numpy())  # rows ascend within a shard
     identical = positives[S.IDENTICAL].to_numpy(zero_copy_only=False)
     keep = ~identical if cfg.identical == "skip" else np.ones(len(local), dtype=bool)
@@ -127,10 +193,20 @@ def sample_shard(
     pos_draw = draw(
         pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, batch, 1])
     )
-    pos_picked = pa.array(pos_draw.indices)
-    seconds = time.perf_counter() - t0
+    return _Positives(
+        local, keep, pos_k, local_kk, rep, distinct, pos_t, p_off, pos_edit, pos, pos_draw
+    )
 
-    columns: dict[str, pa.Array] = {
+
+def _pair_columns(
+    pools: pa.Table, rows: np.ndarray, texts: ArrowTexts, neg: _Negatives, pos: _Positives
+) -> dict[str, pa.Array]:
+    """The ``pairs`` columns of the drawn positives and negatives, in schema order up to
+    ``identical_skipped`` (the single views are added by ``_add_single_views``)."""
+    pos_t, pos_draw, neg_draw = pos.pool, pos.drawn, neg.drawn
+    pos_picked = pa.array(pos_draw.indices)
+    picked = pa.array(neg_draw.indices)
+    return {
         S.ID: pools[S.ID].combine_chunks(),
         S.TEXT: texts.array.take(pa.array(rows)),
         S.POSITIVE_TEXTS: ragged_list(
@@ -146,7 +222,7 @@ def sample_shard(
             pos_draw.offsets, pos_t[S.NOISE].take(pos_picked).combine_chunks()
         ),
         S.NEGATIVE_TEXTS: ragged_list(
-            neg_draw.offsets, texts.array.take(pa.array(cand_rows[neg_draw.indices]))
+            neg_draw.offsets, texts.array.take(pa.array(neg.cand_rows[neg_draw.indices]))
         ),
         S.NEGATIVE_IDS: ragged_list(
             neg_draw.offsets, pools[S.POOL_IDS].combine_chunks().flatten().take(picked)
@@ -154,36 +230,56 @@ def sample_shard(
         S.NEGATIVE_RANDOM: ragged_list(
             neg_draw.offsets, pools[S.POOL_RANDOM].combine_chunks().flatten().take(picked)
         ),
-        **gather(pos, pos_draw, "positive"),
-        **gather(neg, neg_draw, "negative"),
+        **gather(pos.scores, pos_draw, "positive"),
+        **gather(neg.scores, neg_draw, "negative"),
         S.BAND_LOW: pools[S.BAND_LOW].combine_chunks(),
         S.BAND_HIGH: pools[S.BAND_HIGH].combine_chunks(),
         S.FALLBACK: pools[S.FALLBACK].combine_chunks(),
         S.IDENTICAL_SKIPPED: pa.array(
-            np.bincount(local[~keep], minlength=n).astype(np.int32), pa.int32()
+            np.bincount(pos.local[~pos.keep], minlength=len(rows)).astype(np.int32), pa.int32()
         ),
     }
-    counts = {
+
+
+def _counts(
+    n: int, columns: dict[str, pa.Array], neg: _Negatives, pos: _Positives
+) -> dict[str, int]:
+    """The shard's counts of candidates, draws and skips (before the single views and the
+    ``short`` policy, which add theirs)."""
+    neg_draw, pos_draw = neg.drawn, pos.drawn
+    return {
         "anchors": n,
-        "negative_candidates": int(n_off[-1]),
-        "positive_candidates": int(p_off[-1]),
+        "negative_candidates": int(neg.offsets[-1]),
+        "positive_candidates": int(pos.offsets[-1]),
         "negatives_sampled": len(neg_draw.indices),
         "positives_sampled": len(pos_draw.indices),
         "random_negatives": int(pc.sum(columns[S.NEGATIVE_RANDOM].flatten()).as_py() or 0),
         "short_negatives": int(neg_draw.short.sum()),
         "no_negative": int((np.diff(neg_draw.offsets) == 0).sum()),
         "no_positive": int((np.diff(pos_draw.offsets) == 0).sum()),
-        "identical_skipped": int((~keep).sum()),
-        "repeated_positive_text": int((~distinct).sum()),
-        "edit_pairs": int(len(edit) + len(pos_edit)),
+        "identical_skipped": int((~pos.keep).sum()),
+        "repeated_positive_text": int((~pos.distinct).sum()),
+        "edit_pairs": int(len(neg.edit) + len(pos.edit)),
     }
+
+
+def _add_single_views(
+    columns: dict[str, pa.Array],
+    counts: dict[str, int],
+    pos: _Positives,
+    cfg: DrawParams,
+    n: int,
+) -> None:
+    """Add the single-view columns (``SINGLE_VIEWS``: text and id of the view's route, null
+    when the anchor has none) to ``columns`` and their ``<text>_missing`` counts to ``counts``."""
     # The single views choose among every kept candidate of their route, a repeated text
     # included (its route is still that route), with its text's P_pos.
+    pos_k, rep = pos.kept, pos.rep
     route_col = pos_k[S.ROUTE].to_numpy(zero_copy_only=False)
     noise_col = pos_k[S.NOISE].to_numpy(zero_copy_only=False)
-    prob_k = pos.prob[np.cumsum(distinct)[rep] - 1] if rep.size else pos.prob
+    prob_k = pos.scores.prob[np.cumsum(pos.distinct)[rep] - 1] if rep.size else pos.scores.prob
     for text_col, id_col, key in SINGLE_VIEWS:
-        best = pick_route(local_kk, route_col, noise_col, prob_k, getattr(cfg, key), n)
+        best = pick_route(pos.kept_local, route_col, noise_col, prob_k, getattr(cfg, key), n)
         has = best >= 0
         take = (
             pa.array(np.where(has, best, 0), mask=~has) if len(pos_k) else pa.nulls(n, pa.int64())
@@ -197,21 +293,25 @@ def sample_shard(
             else pa.nulls(n, pa.string())
         )
         counts[f"{text_col}_missing"] = int((~has).sum())
-    table = pa.table(columns)
 
-    short = neg_draw.short
+
+def _apply_short(
+    table: pa.Table, columns: dict[str, pa.Array], neg: _Negatives, cfg: DrawParams
+) -> pa.Table:
+    """The ``short`` policy for anchors with fewer than ``m`` negative candidates: ``keep``
+    returns ``table`` as is, ``drop`` without them, ``error`` raises ``PairforgeError`` naming
+    the first such anchor and the fixes."""
+    short = neg.drawn.short
     if cfg.short == "error" and short.any():
         first = int(np.flatnonzero(short)[0])
         raise PairforgeError(
-            f"sample: anchor {columns[S.ID][first].as_py()!r} has {int(np.diff(neg_draw.offsets)[first])} "
+            f"sample: anchor {columns[S.ID][first].as_py()!r} has {int(np.diff(neg.drawn.offsets)[first])} "
             f"negative candidates, fewer than m={cfg.m} (short=error; mine with fallback "
             "random or a wider band, or set sample.short to keep or drop)"
         )
     if cfg.short == "drop":
         table = table.filter(pa.array(~short))
-    counts["dropped_short"] = n - table.num_rows
-    counts["rows"] = table.num_rows
-    return table, counts, seconds
+    return table
 
 
 def first_of_text(group: np.ndarray, texts: Sequence[str]) -> np.ndarray:
