@@ -202,6 +202,65 @@ def build_negative_pools(
     the search filled (a search grown for some rows pads the others with -1 past their width;
     those slots are not ``missing``); None: every slot.
     """
+    n = len(texts)
+    _check_settings(
+        low, high, near_duplicate_threshold, m, fallback, widen_step, widen_limits, vectors, n
+    )
+    ids, scores, anchors = _check_inputs(neighbor_ids, neighbor_scores, anchor_ids, n)
+    aug_norms = [
+        {normalize(t) for t in row} for row in _augmentation_lists(own_augmentations, anchors)
+    ]
+    # Score: every rule on every retrieved neighbour.
+    rules = _score_rules(
+        ids, anchors, texts, aug_norms, near_duplicate_threshold, normalize, workers
+    )
+    # Decide: the band, then the fallback for short pools.
+    band = _decide_band(rules.eligible, scores, (low, high), m, fallback, widen_step, widen_limits)
+    extra: list[tuple[int, int, float]] = []  # (row, id, cos) of random fills
+    if fallback == "random":
+        extra = _random_fills(
+            rules,
+            ids,
+            anchors,
+            band,
+            aug_norms,
+            texts=texts,
+            vectors=vectors,
+            high=high,
+            m=m,
+            threshold=near_duplicate_threshold,
+            normalize=normalize,
+            seed=seed,
+        )
+    offsets, cand, cos, rand = _ragged(ids, scores, band.in_pool, extra)
+    return NegativePools(
+        anchor_ids=anchors,
+        offsets=offsets,
+        candidate_ids=cand,
+        cosines=cos,
+        from_random=rand,
+        band_low=band.low,
+        band_high=band.high,
+        was_short=band.was_short,
+        short=np.diff(offsets) < m,
+        fallback=band.fallback.astype(str),
+        excluded=_exclusions(rules, scores, band, searched),
+    )
+
+
+def _check_settings(
+    low: float,
+    high: float,
+    near_duplicate_threshold: float | None,
+    m: int,
+    fallback: str,
+    widen_step: float,
+    widen_limits: tuple[float, float],
+    vectors: np.ndarray | None,
+    n_texts: int,
+) -> None:
+    """Raise ValueError naming the first of ``build_negative_pools``'s settings that is out of
+    range: the band, the fallback and what it needs (widen limits and step, corpus vectors)."""
     if not (-1.0 <= low <= high <= 1.0):
         raise ValueError(f"band must satisfy -1 <= low <= high <= 1, got [{low}, {high}]")
     if fallback not in FALLBACKS:
@@ -226,65 +285,93 @@ def build_negative_pools(
             raise ValueError(
                 "fallback='random' needs the corpus vectors to compute the fills' cosines"
             )
-        if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+        if vectors.ndim != 2 or vectors.shape[0] != n_texts:
             raise ValueError(
-                f"vectors must be (len(texts)={len(texts)}, d), got shape {np.shape(vectors)}"
+                f"vectors must be (len(texts)={n_texts}, d), got shape {np.shape(vectors)}"
             )
 
-    ids, scores, anchors = _check_inputs(neighbor_ids, neighbor_scores, anchor_ids, len(texts))
-    b = ids.shape[0]
-    aug_norms = [
-        {normalize(t) for t in row} for row in _augmentation_lists(own_augmentations, anchors)
-    ]
 
-    # Score: every rule on every retrieved neighbour.
-    rules = _score_rules(
-        ids, anchors, texts, aug_norms, near_duplicate_threshold, normalize, workers
-    )
+class _Band(NamedTuple):
+    """The band each anchor's pool was decided with, and what it holds of the neighbours."""
 
-    # Decide: the band, then the fallback for short pools.
-    band_low = np.full(b, low, dtype=np.float32)  # (b,)
-    band_high = np.full(b, high, dtype=np.float32)  # (b,)
-    in_pool = _in_band(rules.eligible, scores, band_low, band_high)  # (b, k)
+    low: np.ndarray  # (b,) float32, band actually used
+    high: np.ndarray  # (b,) float32
+    in_pool: np.ndarray  # (b, k) bool, eligible and inside the anchor's band
+    was_short: np.ndarray  # (b,) bool, fewer than m in the first band
+    fallback: np.ndarray  # (b,) object, the fallback that touched the pool, "none" if none did
+
+
+def _decide_band(
+    eligible: np.ndarray,
+    scores: np.ndarray,
+    band: tuple[float, float],
+    m: int,
+    fallback: str,
+    step: float,
+    limits: tuple[float, float],
+) -> _Band:
+    """Each anchor's pool among its ``eligible`` ``(b, k)`` neighbours: those inside ``band``,
+    the band widened for the short anchors when ``fallback`` is "widen". Short anchors are marked
+    with the fallback that will touch them (the random fills are added after, by the caller)."""
+    b = eligible.shape[0]
+    band_low = np.full(b, band[0], dtype=np.float32)  # (b,)
+    band_high = np.full(b, band[1], dtype=np.float32)  # (b,)
+    in_pool = _in_band(eligible, scores, band_low, band_high)  # (b, k)
     was_short = in_pool.sum(axis=1) < m
     fallback_used = np.full(b, "none", dtype=object)
-    extra: list[tuple[int, int, float]] = []  # (row, id, cos) of random fills
+    if fallback != "none" and was_short.any():
+        fallback_used[was_short] = fallback
     if fallback == "widen" and was_short.any():
-        fallback_used[was_short] = "widen"
-        _widen(
-            rules.eligible,
-            scores,
-            in_pool,
-            band_low,
-            band_high,
-            (low, high),
-            m,
-            widen_step,
-            widen_limits,
-        )
-    if fallback == "random" and was_short.any():
-        fallback_used[was_short] = "random"
-        for r in np.flatnonzero(was_short):
-            fills = _random_fill(
-                anchor=int(anchors[r]),
-                need=m - int(in_pool[r].sum()),
-                taken={rules.norm_of(j) for j in ids[r][in_pool[r]]},
-                anchor_norm=rules.norm_of(anchors[r]),
-                aug_norms=aug_norms[r],
-                texts=texts,
-                vectors=vectors,
-                high=np.float32(high),
-                threshold=near_duplicate_threshold,
-                normalize=normalize,
-                seed=seed,
-            )
-            extra.extend((int(r), j, c) for j, c in fills)
+        _widen(eligible, scores, in_pool, band_low, band_high, band, m, step, limits)
+    return _Band(band_low, band_high, in_pool, was_short, fallback_used)
 
-    # Count exclusions by first failed rule, against the band finally used.
-    outside = rules.eligible & ~in_pool
-    slots = np.ones(ids.shape, dtype=bool)
+
+def _random_fills(
+    rules: _Rules,
+    ids: np.ndarray,
+    anchors: np.ndarray,
+    band: _Band,
+    aug_norms: list[set[str]],
+    *,
+    texts: Sequence[str],
+    vectors: np.ndarray,
+    high: float,
+    m: int,
+    threshold: float | None,
+    normalize: Callable[[str], str],
+    seed: int,
+) -> list[tuple[int, int, float]]:
+    """The random fills of every short anchor: ``(row, id, cos)``, rows ascending, each row's
+    fills in draw order (see ``_random_fill``); a fill never repeats a text of its pool."""
+    extra: list[tuple[int, int, float]] = []
+    for r in np.flatnonzero(band.was_short):
+        fills = _random_fill(
+            anchor=int(anchors[r]),
+            need=m - int(band.in_pool[r].sum()),
+            taken={rules.norm_of(j) for j in ids[r][band.in_pool[r]]},
+            anchor_norm=rules.norm_of(anchors[r]),
+            aug_norms=aug_norms[r],
+            texts=texts,
+            vectors=vectors,
+            high=np.float32(high),
+            threshold=threshold,
+            normalize=normalize,
+            seed=seed,
+        )
+        extra.extend((int(r), j, c) for j, c in fills)
+    return extra
+
+
+def _exclusions(
+    rules: _Rules, scores: np.ndarray, band: _Band, searched: np.ndarray | None
+) -> dict[str, np.ndarray]:
+    """Per anchor, the retrieved neighbours dropped for each reason (``EXCLUSION_REASONS``, in
+    that order), each by its first failed rule, against the band finally used: reason -> (b,)
+    int64. A slot past ``searched`` is padding, not ``missing``."""
+    outside = rules.eligible & ~band.in_pool
+    slots = np.ones(scores.shape, dtype=bool)
     if searched is not None:
-        slots = np.arange(ids.shape[1])[None, :] < np.asarray(searched)[:, None]  # (b, k)
+        slots = np.arange(scores.shape[1])[None, :] < np.asarray(searched)[:, None]  # (b, k)
     excluded = {
         "missing": ~rules.valid & slots,
         "self": rules.is_self,
@@ -292,12 +379,18 @@ def build_negative_pools(
         "own_augmentation": rules.is_aug,
         "near_duplicate": rules.is_near,
         "repeated_text": rules.is_repeat,
-        "below_band": outside & (scores < band_low[:, None]),
-        "above_band": outside & (scores > band_high[:, None]),
+        "below_band": outside & (scores < band.low[:, None]),
+        "above_band": outside & (scores > band.high[:, None]),
     }
-    excluded = {key: mask.sum(axis=1).astype(np.int64) for key, mask in excluded.items()}
+    return {key: mask.sum(axis=1).astype(np.int64) for key, mask in excluded.items()}
 
-    # Ragged output: retrieved neighbours in search order, then random fills.
+
+def _ragged(
+    ids: np.ndarray, scores: np.ndarray, in_pool: np.ndarray, extra: list[tuple[int, int, float]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pools in ragged layout, ``(offsets (b + 1,) int64, candidate ids (N,) int64, cosines
+    (N,) float32, from_random (N,) bool)``: each pool's retrieved neighbours in search order,
+    then its random fills (``extra``: ``(row, id, cos)``)."""
     rows_knn, cols_knn = np.nonzero(in_pool)
     rows_extra = np.array([e[0] for e in extra], dtype=np.int64)
     all_rows = np.concatenate([rows_knn, rows_extra])
@@ -305,20 +398,9 @@ def build_negative_pools(
     cand = np.concatenate([ids[rows_knn, cols_knn], np.array([e[1] for e in extra], np.int64)])
     cos = np.concatenate([scores[rows_knn, cols_knn], np.array([e[2] for e in extra], np.float32)])
     rand = np.concatenate([np.zeros(rows_knn.size, bool), np.ones(rows_extra.size, bool)])
-    sizes = np.bincount(all_rows, minlength=b)
-    return NegativePools(
-        anchor_ids=anchors,
-        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-        candidate_ids=cand[order],
-        cosines=cos[order],
-        from_random=rand[order],
-        band_low=band_low,
-        band_high=band_high,
-        was_short=was_short,
-        short=sizes < m,
-        fallback=fallback_used.astype(str),
-        excluded=excluded,
-    )
+    sizes = np.bincount(all_rows, minlength=in_pool.shape[0])
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return offsets, cand[order], cos[order], rand[order]
 
 
 class _Rules(NamedTuple):
