@@ -49,6 +49,7 @@ from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
 from pairforge.pipeline.shards import (
+    Dataset,
     DatasetWriter,
     atomic_write_bytes,
     open_dataset,
@@ -321,9 +322,23 @@ def run(
     bytes whichever executor computes them: draws are seeded by shard and anchor batch."""
     t_start = time.monotonic()
     inputs = _open_inputs(cfg)
-    sentences, pools, sent_emb = inputs["sentences"], inputs["pools"], inputs["sent_emb"]
-    positives, pos_facts = inputs["positives"], inputs["pos_facts"]
-    pos_datasets = inputs["pos_datasets"]
+    _warn_unfilled_pools(cfg, inputs["pools"])
+    writer = _writer(cfg, inputs)
+    todo = pending([writer], len(inputs["pools"]))
+    shard_facts = _sample_shards(cfg, inputs, writer, todo, executor, progress)
+    totals = _totals(cfg, inputs["pools"], writer)
+    rows, dists = _finish_dataset(cfg, inputs, writer, totals)
+    metrics = _metrics(cfg, inputs, rows, totals, dists, _edit_facts(shard_facts), len(todo))
+    metrics["seconds"] = round(time.monotonic() - t_start, 3)
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_metrics(cfg.metrics, metrics, STAGE)
+    _log_summary(metrics, totals)
+    return metrics
+
+
+def _warn_unfilled_pools(cfg: SampleConfig, pools: Dataset) -> None:
+    """Warn when the pools were mined with ``min_pool`` below ``m``: short pools were not
+    topped up, so anchors may fall under the ``short`` policy."""
     mined = pools.manifest.get("params", {})
     if mined.get("min_pool", cfg.m) < cfg.m:
         log.warning(
@@ -331,45 +346,68 @@ def run(
             mined.get("min_pool"),
             cfg.m,
         )
+
+
+def _writer(cfg: SampleConfig, inputs: dict[str, Any]) -> DatasetWriter:
+    """The ``pairs`` writer at ``cfg.output``, fingerprinted by the config and every input
+    dataset (``_open_inputs``), so that a run resumes only over the same inputs."""
     # Threads and the backend are free keys (the backends give equal distances): a run may
     # resume with others.
     fp = fingerprint(
         STAGE,
         cfg.model_dump(),
         {
-            "sentences": sentences,
-            "pools": pools,
-            "embeddings": sent_emb,
-            **pos_datasets,  # candidates, candidates_embeddings, rewrites, rewrites_embeddings
+            "sentences": inputs["sentences"],
+            "pools": inputs["pools"],
+            "embeddings": inputs["sent_emb"],
+            # candidates, candidates_embeddings, rewrites, rewrites_embeddings
+            **inputs["pos_datasets"],
         },
     )
-    writer = DatasetWriter(
+    return DatasetWriter(
         cfg.output, S.PAIRS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
     )
-    todo = pending([writer], len(pools))
+
+
+def _sample_shards(
+    cfg: SampleConfig,
+    inputs: dict[str, Any],
+    writer: DatasetWriter,
+    todo: list[int],
+    executor: Executor | None,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Compute and write the pending shards ``todo`` (``SampleShard`` on ``executor``, default
+    in-process); returns each computed shard's facts (scoring seconds, edit pairs, scorer)."""
     shard_facts: list[dict[str, Any]] = []
-    if todo:
-        ex = executor or LocalExecutor()
-        in_process = isinstance(ex, LocalExecutor)
-        # The run's key: its fingerprint and the settings outside it that a scorer depends on.
-        key = f"{fp}:{cfg.edit_backend}:{cfg.threads}"
-        fn = SampleShard(cfg, key, inputs if in_process else None)
-        try:
-            map_shards(
-                fn,
-                pools,
-                {"pairs": writer},
-                ex,
-                STAGE,
-                progress,
-                with_index=True,
-                facts=shard_facts,
-            )
-        finally:
-            with _STATE_LOCK:
-                _STATE.pop(key, None)
-    edit_s = sum(f["scoring_seconds"] for f in shard_facts)
-    edit_pairs = sum(f["edit_pairs"] for f in shard_facts)
+    if not todo:
+        return shard_facts
+    ex = executor or LocalExecutor()
+    in_process = isinstance(ex, LocalExecutor)
+    # The run's key: its fingerprint and the settings outside it that a scorer depends on.
+    key = f"{writer.fingerprint}:{cfg.edit_backend}:{cfg.threads}"
+    fn = SampleShard(cfg, key, inputs if in_process else None)
+    try:
+        map_shards(
+            fn,
+            inputs["pools"],
+            {"pairs": writer},
+            ex,
+            STAGE,
+            progress,
+            with_index=True,
+            facts=shard_facts,
+        )
+    finally:
+        with _STATE_LOCK:
+            _STATE.pop(key, None)
+    return shard_facts
+
+
+def _edit_facts(shard_facts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's edit scoring figures from its shards' facts: ``scoring_seconds`` and
+    ``edit_pairs`` summed, the scorer's ``backend``/``kernels`` and its ``encode_seconds`` /
+    ``compile_seconds`` (the slowest process; None when no shard was computed)."""
     scorers = [f["scorer"] for f in shard_facts if "scorer" in f]
     backend, encode_s, compile_s, kernels = None, None, None, None
     if scorers:
@@ -378,6 +416,19 @@ def run(
         encode_s = round(max(s["encode_seconds"] for s in scorers), 3)
         compiled = [s["compile_seconds"] for s in scorers if s["compile_seconds"] is not None]
         compile_s = round(max(compiled), 3) if compiled else None
+    return {
+        "scoring_seconds": sum(f["scoring_seconds"] for f in shard_facts),
+        "edit_pairs": sum(f["edit_pairs"] for f in shard_facts),
+        "backend": backend,
+        "encode_seconds": encode_s,
+        "kernels": kernels,
+        "compile_seconds": compile_s,
+    }
+
+
+def _totals(cfg: SampleConfig, pools: Dataset, writer: DatasetWriter) -> dict[str, int]:
+    """Every finished shard's counts summed; raises ``PairforgeError`` when no anchor had a
+    negative candidate (nothing was sampled: the mining band is off)."""
     totals: dict[str, int] = {}
     for info in writer.finished_shards():
         for key, value in info.counts.items():
@@ -388,18 +439,49 @@ def run(
             "mine.band_low/band_high against the encoder's cosines (metrics/mine.json), or "
             "mine with fallback: random"
         )
-    card_text = _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer)
-    manifest = writer.finalize(len(pools), extra={"card": CARD})
+    return totals
+
+
+def _finish_dataset(
+    cfg: SampleConfig, inputs: dict[str, Any], writer: DatasetWriter, totals: dict[str, int]
+) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Write the manifest, then the dataset card with the post-pass statistics read back from
+    the shards; returns the dataset's rows and those statistics (``_post_stats``)."""
+    render = _card(
+        cfg,
+        inputs["sentences"],
+        inputs["pools"],
+        inputs["sent_emb"],
+        totals,
+        inputs["pos_facts"],
+        writer,
+    )
+    manifest = writer.finalize(len(inputs["pools"]), extra={"card": CARD})
     dists = _post_stats(cfg.output)
-    card_text = card_text(dists)
-    atomic_write_bytes(Path(cfg.output) / CARD, card_text.encode())
-    metrics = {
-        "anchors": pools.num_rows,
-        "rows": manifest["rows"],
+    atomic_write_bytes(Path(cfg.output) / CARD, render(dists).encode())
+    return manifest["rows"], dists
+
+
+def _metrics(
+    cfg: SampleConfig,
+    inputs: dict[str, Any],
+    rows: int,
+    totals: dict[str, int],
+    dists: dict[str, dict[str, Any]],
+    edit: dict[str, Any],
+    computed: int,
+) -> dict[str, Any]:
+    """The stage's metrics but ``seconds`` (added last by ``run``): counts, positive sources
+    and routes, entropy ratios and sharpness of P, score distributions, edit scoring figures
+    (``_edit_facts``), the draw params and the shards computed by this run."""
+    pos_facts, edit_s = inputs["pos_facts"], edit["scoring_seconds"]
+    return {
+        "anchors": inputs["pools"].num_rows,
+        "rows": rows,
         "counts": totals,
         "candidates": pos_facts["candidates"],
         "rewrites": pos_facts["rewrites"],
-        "positive_routes": _route_counts(positives),
+        "positive_routes": _route_counts(inputs["positives"]),
         "entropy_ratio": {side: dists[f"{side}_entropy"] for side in ("negative", "positive")},
         "sharpness": sharpness(dists, cfg.ipw, cfg.temperature),
         "scores": {k: v for k, v in dists.items() if not k.endswith(SHARPNESS_KEYS)},
@@ -407,26 +489,28 @@ def run(
             "kind": cfg.edit_kind,
             "normalized": cfg.edit_normalized,
             "metric": cfg.edit_metric,
-            "backend": backend,  # the one used (null: every shard was already done)
-            "encode_seconds": encode_s,  # once per run: word codes / integer codes
+            "backend": edit["backend"],  # the one used (null: every shard was already done)
+            "encode_seconds": edit["encode_seconds"],  # once per run: word codes / integer codes
             # numba: compiled now (a fresh install) or loaded from numba's cache, before any
             # scoring, so never part of pairs_per_second (null: rapidfuzz, or nothing to do)
-            "kernels": kernels,
-            "compile_seconds": compile_s,
+            "kernels": edit["kernels"],
+            "compile_seconds": edit["compile_seconds"],
             "scoring_seconds": round(edit_s, 3),
             # Scoring of this run's shards: distances, eqs. 1-6 and the draws.
-            "pairs_per_second": round(edit_pairs / edit_s) if edit_s > 0 else None,
+            "pairs_per_second": round(edit["edit_pairs"] / edit_s) if edit_s > 0 else None,
         },
         "params": {
             k: getattr(cfg, k)
             for k in ("m", "m_positive", "lambda_n", "lambda_p", "ipw", "temperature", "seed")
         },
-        "computed_shards": len(todo),
-        "shards": len(pools),
-        "seconds": round(time.monotonic() - t_start, 3),
+        "computed_shards": computed,
+        "shards": len(inputs["pools"]),
     }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+
+
+def _log_summary(metrics: dict[str, Any], totals: dict[str, int]) -> None:
+    """One log line: rows, draws, P_neg's mean entropy ratio, anchors short or without a
+    positive."""
     ent = metrics["entropy_ratio"]["negative"]
     log.info(
         "sample: %d rows, %d negatives and %d positives sampled; P_neg entropy ratio mean %s "
@@ -438,7 +522,6 @@ def run(
         totals.get("short_negatives", 0),
         totals.get("no_positive", 0),
     )
-    return metrics
 
 
 def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
