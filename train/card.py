@@ -164,13 +164,25 @@ def model_card(
     """
     run = run or {}
     objective = info.get("objective") or "unknown"
-    base = info.get("base_model")
-    base_id = hub_id(base) if base else None
-    base_meta = base_model_metadata(base)
-    license_id = str(base_meta.get("license") or UNKNOWN_LICENSE)
-    pooling = info.get("pooling")
-    settings = info.get("settings") or {}
-    data = info.get("data") or {}
+    license_id = str(base_model_metadata(info.get("base_model")).get("license") or UNKNOWN_LICENSE)
+    lines = [
+        *_card_head(info, objective, license_id, dim),
+        *_details_section(info, objective, license_id, dim),
+        *_training_section(info, run),
+        *_data_section(info.get("data") or {}, data_card),
+        *_recipe_section(info, objective),
+        *_evaluation_section(info, run),
+        *_usage_section(info, path),
+        *FILES_SECTION,
+    ]
+    return "\n".join(lines)
+
+
+def _front_matter(
+    objective: str, license_id: str, base_id: str | None, data: dict[str, Any]
+) -> str:
+    """The card's YAML front matter (without its ``---`` lines): the Hub's library, pipeline
+    tag and tags, the licence identifier, and the base model and dataset Hub ids when known."""
     meta: dict[str, Any] = {
         "language": ["en"],
         "license": license_id,
@@ -188,22 +200,16 @@ def model_card(
         meta["base_model"] = base_id
     if data.get("hub_id"):
         meta["datasets"] = [data["hub_id"]]
-    front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
+    return yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
 
-    trust = pooling == "mask"
-    load_args = f"{json.dumps(path)}, trust_remote_code=True" if trust else json.dumps(path)
-    step = info.get("step")
-    steps = run.get("steps")
-    best = run.get("best") or {}
-    dev = info.get("dev") or {}
-    title = f"{objective} sentence encoder from {model_label(base)}"
-    lines = [
-        "---",
-        front,
-        "---",
-        "",
-        f"# {title}",
-        "",
+
+def _card_head(info: dict[str, Any], objective: str, license_id: str, dim: int | None) -> list[str]:
+    """The card's first lines: the front matter between ``---`` lines, the title and the
+    paragraph saying what the model is, by which objective and from which base model."""
+    base = info.get("base_model")
+    base_id = hub_id(base) if base else None
+    front = _front_matter(objective, license_id, base_id, info.get("data") or {})
+    summary = (
         "A [sentence-transformers](https://www.sbert.net) model that maps sentences to "
         + (f"{dim}-dimensional " if dim else "")
         + f"vectors for semantic similarity, search and clustering. It was trained with "
@@ -211,93 +217,136 @@ def model_card(
         f"pairforge on pairs mined from unlabelled sentences, starting "
         f"from `{base}`"
         + (f" ([{base_id}](https://huggingface.co/{base_id}))" if base_id else "")
-        + ".",
-        "",
+        + "."
+    )
+    title = f"{objective} sentence encoder from {model_label(base)}"
+    return ["---", front, "---", "", f"# {title}", "", summary, ""]
+
+
+def _details_section(
+    info: dict[str, Any], objective: str, license_id: str, dim: int | None
+) -> list[str]:
+    """The "Model details" table: base model, objective, pooling (and prompt), sequence length,
+    output size, similarity, whether vectors are unit length, licence."""
+    pooling = info.get("pooling")
+    lines = [
         "## Model details",
         "",
         "| | |",
         "|---|---|",
-        f"| base model | `{base}` |",
+        f"| base model | `{info.get('base_model')}` |",
         f"| objective | `{objective}` |",
         f"| pooling | `{pooling}`: {POOLING_WORDS.get(pooling or '', '')} |",
     ]
     if info.get("prompt"):
         lines.append(f"| prompt | `{info['prompt']}` |")
-    lines += [
+    return [
+        *lines,
         f"| max sequence length | {info.get('max_seq_length', '-')} tokens |",
         *([f"| output dimension | {dim} |"] if dim else []),
         "| similarity | cosine |",
         f"| unit-length vectors | {'yes' if info.get('normalize') else 'no'} |",
         f"| licence | `{license_id}` (the base model's) |",
         "",
-        "## Training",
-        "",
     ]
-    if steps is not None:
-        if best.get("step") is not None:
-            lines.append(
-                f"Trained for {steps} optimiser steps; this folder is the checkpoint at step "
-                f"{best['step']}, the best mean dev Spearman ({best['score']:.2f})."
-            )
-        else:
-            lines.append(f"Trained for {steps} optimiser steps (no dev evaluation ran).")
-    else:
-        lines.append(
-            f"The checkpoint at step {step}"
+
+
+def _training_section(info: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """The "Training" section: the steps run and the kept step once the run is over (``run``
+    has ``steps``), else the checkpoint's own step and dev score; nothing claimed beyond that."""
+    steps = run.get("steps")
+    best = run.get("best") or {}
+    dev = info.get("dev") or {}
+    if steps is None:
+        said = (
+            f"The checkpoint at step {info.get('step')}"
             + (f", mean dev Spearman {dev['score']:.2f}" if dev.get("score") is not None else "")
             + "."
         )
-    lines += ["", "### Data", ""]
-    if data.get("path"):
-        rows = f"{data['rows']:,} anchors" if data.get("rows") is not None else "the anchors"
-        card = data_card
-        lines.append(
-            f"The pairs dataset `{data['path']}`: {rows}, each with its mined positives and hard "
-            "negatives"
-            + (
-                f"; how it was made, its columns and figures are in [its card]({card})"
-                if card
-                else ""
-            )
-            + "."
+    elif best.get("step") is not None:
+        said = (
+            f"Trained for {steps} optimiser steps; this folder is the checkpoint at step "
+            f"{best['step']}, the best mean dev Spearman ({best['score']:.2f})."
         )
     else:
-        lines.append("The training data is recorded in `pairforge.json`.")
-    lines += [
-        "",
+        said = f"Trained for {steps} optimiser steps (no dev evaluation ran)."
+    return ["## Training", "", said, ""]
+
+
+def _data_section(data: dict[str, Any], data_card: str | None) -> list[str]:
+    """The "Data" section: the pairs dataset's path and anchor count (``data`` is
+    ``info["data"]``), with the link to its card when there is one."""
+    if not data.get("path"):
+        return ["### Data", "", "The training data is recorded in `pairforge.json`.", ""]
+    rows = f"{data['rows']:,} anchors" if data.get("rows") is not None else "the anchors"
+    link = (
+        f"; how it was made, its columns and figures are in [its card]({data_card})"
+        if data_card
+        else ""
+    )
+    said = (
+        f"The pairs dataset `{data['path']}`: {rows}, each with its mined positives and hard "
+        "negatives" + link + "."
+    )
+    return ["### Data", "", said, ""]
+
+
+def _recipe_section(info: dict[str, Any], objective: str) -> list[str]:
+    """The "Objective and recipe" table: the objective's options (sorted, ``objective.key``),
+    then the run's :data:`CARD_SETTINGS` that ``info["settings"]`` holds, in that order."""
+    settings = info.get("settings") or {}
+    options = sorted((info.get("options") or {}).items())
+    return [
         "### Objective and recipe",
         "",
         "| setting | value |",
         "|---|---|",
+        *(f"| `{objective}.{key}` | {_cell(value)} |" for key, value in options),
+        *(f"| {key} | {_cell(settings[key])} |" for key in CARD_SETTINGS if key in settings),
+        "",
+        "Every setting of the run is in `pairforge.json`.",
+        "",
     ]
-    for key, value in sorted((info.get("options") or {}).items()):
-        lines.append(f"| `{objective}.{key}` | {_cell(value)} |")
-    for key in CARD_SETTINGS:
-        if key in settings:
-            lines.append(f"| {key} | {_cell(settings[key])} |")
-    lines += ["", "Every setting of the run is in `pairforge.json`.", "", "## Evaluation", ""]
+
+
+def _evaluation_section(info: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """The "Evaluation" section: the dev curve with the kept step when ``run`` has one, else the
+    checkpoint's dev score when known; then where the STS test table is written."""
+    settings = info.get("settings") or {}
+    dev = info.get("dev") or {}
     dev_history = run.get("dev_history") or []
+    lines = ["## Evaluation", ""]
     if dev_history:
+        sampled = (
+            f" ({settings['eval_max_pairs']} pairs sampled from each)"
+            if settings.get("eval_max_pairs")
+            else ""
+        )
         lines += [
             "Spearman correlation x100 of cosine similarity with the gold scores on the dev "
-            "sets"
-            + (
-                f" ({settings['eval_max_pairs']} pairs sampled from each)"
-                if settings.get("eval_max_pairs")
-                else ""
-            )
-            + ", during training:",
+            "sets" + sampled + ", during training:",
             "",
-            *_dev_table(dev_history, best.get("step")),
+            *_dev_table(dev_history, (run.get("best") or {}).get("step")),
             "",
         ]
     elif dev.get("score") is not None:
-        lines += [f"Mean dev Spearman x100 at step {step}: {dev['score']:.2f}.", ""]
-    lines += [
+        lines += [f"Mean dev Spearman x100 at step {info.get('step')}: {dev['score']:.2f}.", ""]
+    return [
+        *lines,
         "The STS test table (STS12-16, STS-B, SICK-R, Spearman x100), beside the base model, is "
         "written by `pairforge evaluate` to `reports/evaluate.md` of the run that made this model "
         "(the evaluation reads this folder; it does not change it).",
         "",
+    ]
+
+
+def _usage_section(info: dict[str, Any], path: str) -> list[str]:
+    """The "Usage" section: loading ``path`` with sentence-transformers (``trust_remote_code``
+    and its warning for the [MASK] pooling), then with transformers alone; both snippets run
+    as written and give the evaluator's vectors."""
+    trust = info.get("pooling") == "mask"
+    load_args = f"{json.dumps(path)}, trust_remote_code=True" if trust else json.dumps(path)
+    lines = [
         "## Usage",
         "",
         "With sentence-transformers:",
@@ -317,22 +366,27 @@ def model_card(
             "pooling); read it first.",
             "",
         ]
-    lines += [
+    return [
+        *lines,
         "With transformers only:",
         "",
         "```python",
         *_transformers_snippet(path, info),
         "```",
         "",
-        "## Files",
-        "",
-        "- `pairforge.json`: the objective, pooling, every training setting, the dev score and "
-        "provenance (`pairforge evaluate` reads it).",
-        "- the encoder and tokenizer at the root, the sentence-transformers modules "
-        "(`modules.json`) beside them.",
-        "",
     ]
-    return "\n".join(lines)
+
+
+# The card's last section: what the folder holds, the same for every export.
+FILES_SECTION = (
+    "## Files",
+    "",
+    "- `pairforge.json`: the objective, pooling, every training setting, the dev score and "
+    "provenance (`pairforge evaluate` reads it).",
+    "- the encoder and tokenizer at the root, the sentence-transformers modules "
+    "(`modules.json`) beside them.",
+    "",
+)
 
 
 def write_model_card(
