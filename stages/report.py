@@ -171,72 +171,134 @@ def pairs_to_read(path: str, n: int, seed: int) -> str:
 def run(cfg: ReportConfig) -> dict[str, Any]:
     """Compute the diagnostics and write the report, figures, plots data and metrics."""
     t0 = time.monotonic()
+    # One generator for every draw, in a fixed order: mined, random, dropout, then NLI pairs.
     rng = np.random.default_rng(cfg.seed)
     nli_dir, nli_status = _nli_folder(cfg.nli)
     pairs: dict[str, dict[str, dict[str, np.ndarray]]] = {"mined": _mined(cfg, rng)}
     if not len(pairs["mined"]["negative"]["cos"]) and not len(pairs["mined"]["positive"]["cos"]):
         raise PairforgeError(f"report: {cfg.pairs} holds no sampled pair to diagnose")
-
-    sentences = open_dataset(cfg.sentences, S.SENTENCES).read_table([S.ID, S.TEXT])
-    texts = sentences[S.TEXT].to_pylist()
-    embeddings = open_embeddings(cfg.embeddings)
-    vectors = load_vectors(embeddings, sentences[S.ID].combine_chunks())
-    n = len(texts)
-    a = rng.integers(0, n, cfg.random_pairs)
-    b = (a + rng.integers(1, max(n, 2), cfg.random_pairs)) % n  # never the same sentence
-    simcse = {
-        "negative": {
-            "overlap": D.lexical_overlap([texts[i] for i in a], [texts[i] for i in b]),
-            "cos": np.einsum("ij,ij->i", vectors[a], vectors[b]).astype(np.float64),
-        }
-    }
-    info = encoder_info(embeddings)
-    encoder = None
-    if cfg.simcse_pairs or nli_dir is not None:
-        import torch
-        from pairforge.pipeline.models import load_text_encoder
-
-        torch.manual_seed(cfg.seed)
-        encoder = load_text_encoder(
-            info["model"],
-            info["pooling"],
-            device=cfg.device,
-            dtype=info.get("dtype", "float32"),
-            max_length=info.get("max_length", 128),
-            batch_size=cfg.batch_size,
-            threads=cfg.threads,
-            **({"prompt": info["prompt"]} if info.get("prompt") else {}),
-        )
+    texts, vectors, info = _corpus(cfg)
+    simcse = {"negative": _random_pairs(texts, vectors, cfg.random_pairs, rng)}
+    encoder = _encoder(cfg, info) if cfg.simcse_pairs or nli_dir is not None else None
     if cfg.simcse_pairs:
-        pick = _sample(n, cfg.simcse_pairs, rng)
-        chosen = [texts[i] for i in pick]
-        v1 = encoder.encode(chosen, dropout=True)
-        v2 = encoder.encode(chosen, dropout=True)
-        simcse["positive"] = {
-            "overlap": D.lexical_overlap(chosen, chosen),
-            "cos": np.einsum("ij,ij->i", v1, v2).astype(np.float64),
-        }
+        simcse["positive"] = _dropout_pairs(encoder, texts, cfg.simcse_pairs, rng)
     pairs["simcse"] = simcse
-    nli_counts = {}
+    nli_counts: dict[str, int] = {}
     if nli_dir is not None:
-        nli = {}
-        for label, (premises, hypotheses) in read_nli(nli_dir, cfg.nli_split).items():
-            pick = _sample(len(premises), cfg.nli_pairs or len(premises), rng)
-            p = [premises[i] for i in pick]
-            h = [hypotheses[i] for i in pick]
-            unique = list(dict.fromkeys(p + h))
-            where = {t: i for i, t in enumerate(unique)}
-            vec = encoder.encode(unique)
-            vp = vec[[where[t] for t in p]]
-            vh = vec[[where[t] for t in h]]
-            nli[NLI_LABELS[label]] = {
-                "overlap": D.lexical_overlap(p, h),
-                "cos": np.einsum("ij,ij->i", vp, vh).astype(np.float64),
-            }
-            nli_counts[label] = len(pick)
-        pairs["nli"] = nli
+        pairs["nli"], nli_counts = _nli_pairs(encoder, nli_dir, cfg, rng)
 
     summary = D.summarise(pairs)
+    reports = Path(cfg.reports)
+    _write_figures(pairs, cfg, info)
+    text = _report_text(cfg, summary, info, nli_dir, nli_status, nli_counts)
+    reports.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(reports / "mining.md", text.encode())
+    metrics = {
+        "summary": summary,
+        "paper_overlap": {k: list(v) for k, v in D.PAPER_OVERLAP.items()},
+        "nli": {"status": nli_status, "split": cfg.nli_split, "pairs": nli_counts},
+        "encoder": {k: info.get(k) for k in ("model", "pooling", "dim")},
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_metrics(cfg.metrics, metrics, STAGE)
+    m = summary["mined"]
+    log.info(
+        "report: mined overlap %s / %s (positive / negative; paper 0.56 / 0.21), written to %s",
+        m["positive"]["overlap"]["mean"],
+        m["negative"]["overlap"]["mean"],
+        reports / "mining.md",
+    )
+    return metrics
+
+
+def _corpus(cfg: ReportConfig) -> tuple[list[str], np.ndarray, dict[str, Any]]:
+    """The corpus texts by row, their embeddings ``(n, dim)`` and the encoder that made them
+    (``encoder_info``: model, pooling, dtype, max_length, prompt, dim)."""
+    sentences = open_dataset(cfg.sentences, S.SENTENCES).read_table([S.ID, S.TEXT])
+    embeddings = open_embeddings(cfg.embeddings)
+    vectors = load_vectors(embeddings, sentences[S.ID].combine_chunks())
+    return sentences[S.TEXT].to_pylist(), vectors, encoder_info(embeddings)
+
+
+def _random_pairs(
+    texts: list[str], vectors: np.ndarray, k: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """``k`` random pairs of two different corpus sentences (SimCSE's in-batch negatives):
+    their lexical overlap and cosine, each ``(k,)`` float64."""
+    n = len(texts)
+    a = rng.integers(0, n, k)
+    b = (a + rng.integers(1, max(n, 2), k)) % n  # never the same sentence
+    return {
+        "overlap": D.lexical_overlap([texts[i] for i in a], [texts[i] for i in b]),
+        "cos": np.einsum("ij,ij->i", vectors[a], vectors[b]).astype(np.float64),
+    }
+
+
+def _encoder(cfg: ReportConfig, info: dict[str, Any]) -> Any:
+    """The mining encoder (``info``) loaded again, for the dropout and NLI pairs; torch is
+    seeded with ``cfg.seed`` first, so the dropout masks repeat."""
+    import torch
+    from pairforge.pipeline.models import load_text_encoder
+
+    torch.manual_seed(cfg.seed)
+    return load_text_encoder(
+        info["model"],
+        info["pooling"],
+        device=cfg.device,
+        dtype=info.get("dtype", "float32"),
+        max_length=info.get("max_length", 128),
+        batch_size=cfg.batch_size,
+        threads=cfg.threads,
+        **({"prompt": info["prompt"]} if info.get("prompt") else {}),
+    )
+
+
+def _dropout_pairs(
+    encoder: Any, texts: list[str], k: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """``k`` corpus sentences (sampled without replacement) each encoded twice with dropout on
+    (SimCSE's positives): their overlap (1.0) and cosine, each ``(k,)`` float64."""
+    pick = _sample(len(texts), k, rng)
+    chosen = [texts[i] for i in pick]
+    v1 = encoder.encode(chosen, dropout=True)
+    v2 = encoder.encode(chosen, dropout=True)
+    return {
+        "overlap": D.lexical_overlap(chosen, chosen),
+        "cos": np.einsum("ij,ij->i", v1, v2).astype(np.float64),
+    }
+
+
+def _nli_pairs(
+    encoder: Any, folder: Path, cfg: ReportConfig, rng: np.random.Generator
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, int]]:
+    """SNLI (premise, hypothesis) pairs of ``cfg.nli_split``, ``cfg.nli_pairs`` per label (0:
+    all): their overlap and cosine by side (entailment: positive, contradiction: negative),
+    and the pairs used by label."""
+    nli, counts = {}, {}
+    for label, (premises, hypotheses) in read_nli(folder, cfg.nli_split).items():
+        pick = _sample(len(premises), cfg.nli_pairs or len(premises), rng)
+        p = [premises[i] for i in pick]
+        h = [hypotheses[i] for i in pick]
+        # Each distinct text encoded once: a premise recurs across its hypotheses.
+        unique = list(dict.fromkeys(p + h))
+        where = {t: i for i, t in enumerate(unique)}
+        vec = encoder.encode(unique)
+        vp = vec[[where[t] for t in p]]
+        vh = vec[[where[t] for t in h]]
+        nli[NLI_LABELS[label]] = {
+            "overlap": D.lexical_overlap(p, h),
+            "cos": np.einsum("ij,ij->i", vp, vh).astype(np.float64),
+        }
+        counts[label] = len(pick)
+    return nli, counts
+
+
+def _write_figures(
+    pairs: dict[str, dict[str, dict[str, np.ndarray]]], cfg: ReportConfig, info: dict[str, Any]
+) -> None:
+    """Per measure (overlap, cosine): the histograms of every (source, side) series on common
+    bins, as ``<plots>/mining_<measure>.csv`` and ``<reports>/mining_<measure>.png``."""
     reports, plots = Path(cfg.reports), Path(cfg.plots)
     plots.mkdir(parents=True, exist_ok=True)
     for measure, low, high, xlabel in (
@@ -261,13 +323,25 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
             f"{'Lexical overlap' if name == 'overlap' else 'Cosine similarity'} of positive and "
             "negative pairs (DebCSE Figs. 1 and 4)",
         )
+
+
+def _report_text(
+    cfg: ReportConfig,
+    summary: dict[str, Any],
+    info: dict[str, Any],
+    nli_dir: Path | None,
+    nli_status: str,
+    nli_counts: dict[str, int],
+) -> str:
+    """``mining.md``: the summary table beside the paper's numbers, where each row's pairs come
+    from, the figures, and the pairs to read (``pairs_to_read``)."""
     table = D.markdown_table(summary)
     nli_line = (
         f"SNLI {cfg.nli_split} from `{cfg.nli}`: {nli_counts}"
         if nli_dir is not None
         else f"NLI pairs: {nli_status}."
     )
-    text = f"""# Mining diagnostics (DebCSE Tables 1 and 4, Figures 1 and 4)
+    return f"""# Mining diagnostics (DebCSE Tables 1 and 4, Figures 1 and 4)
 
 Mean lexical overlap (shared words / words of the longer sentence) and mean cosine, under the
 mining encoder `{info.get("model")}` ({info.get("pooling")} pooling), of positive and negative
@@ -287,25 +361,6 @@ SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard nega
 ![cosine](mining_cosine.png)
 
 {pairs_to_read(cfg.pairs, cfg.read_anchors, cfg.seed)}"""
-    reports.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(reports / "mining.md", text.encode())
-    metrics = {
-        "summary": summary,
-        "paper_overlap": {k: list(v) for k, v in D.PAPER_OVERLAP.items()},
-        "nli": {"status": nli_status, "split": cfg.nli_split, "pairs": nli_counts},
-        "encoder": {k: info.get(k) for k in ("model", "pooling", "dim")},
-        "seconds": round(time.monotonic() - t0, 3),
-    }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
-    m = summary["mined"]
-    log.info(
-        "report: mined overlap %s / %s (positive / negative; paper 0.56 / 0.21), written to %s",
-        m["positive"]["overlap"]["mean"],
-        m["negative"]["overlap"]["mean"],
-        reports / "mining.md",
-    )
-    return metrics
 
 
 @stage_command(STAGE, ReportConfig)
