@@ -24,8 +24,9 @@ import logging
 import shutil
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -437,16 +438,64 @@ def _coverage_metrics(
     return out
 
 
+@dataclass
+class _Facts:
+    """What this run's search learnt, for the manifest and the metrics: the index (kind, build
+    time, recall), the band-coverage sample, what each source of own augmentations held, and the
+    seconds the shards' searches took. Empty when the pools were already finished."""
+
+    index: dict[str, Any] = field(default_factory=dict)
+    coverage_sample: dict[str, Any] = field(default_factory=dict)
+    augmentations: dict[str, Any] = field(default_factory=dict)
+    rewrites: dict[str, Any] = field(default_factory=dict)
+    search_seconds: float = 0.0
+
+
 def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None) -> dict[str, Any]:
     """Mine every anchor's pool, the queries on ``executor`` (default: in this process, one
     shard after another); returns the metrics written to ``cfg.metrics``. The index is built
     (or reloaded) once, here; on Dask it is written to ``<output>/_work`` for the workers to
     map (see ``MineShard``). The pools are the same bytes whichever executor computes them."""
-    from pairforge.stages.mining.index import measure_recall
-    from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
-
     t0 = time.monotonic()
     _threads(cfg.threads)
+    corpus = _open_corpus(cfg)
+    writer = DatasetWriter(
+        cfg.output,
+        S.POOLS,
+        stage=STAGE,
+        params=cfg.model_dump(),
+        fingerprint=corpus.fingerprint,
+        name=cfg.output,
+    )
+    shards = len(corpus.sentences)
+    todo = pending([writer], shards)
+    facts = _Facts()
+    # Also with every shard done but no manifest (a kill in the finishing step): the facts the
+    # manifest records come from the index and the augmentations, as in an uninterrupted run.
+    if not writer.complete:
+        facts = _search(cfg, corpus, writer, todo, executor, progress)
+    manifest = _finalize(cfg, writer, shards, facts)
+    metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards, t0=t0)
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_metrics(cfg.metrics, metrics, STAGE)
+    _log_summary(cfg, metrics)
+    return metrics
+
+
+class _Corpus(NamedTuple):
+    """The run's inputs, opened and checked: the datasets, the corpus's ids and texts (row ``i``
+    of the sentences dataset) and the fingerprint of the pools they make."""
+
+    sentences: Dataset
+    embeddings: Dataset
+    ids: pa.Array
+    texts: ArrowTexts
+    fingerprint: str
+
+
+def _open_corpus(cfg: MineConfig) -> _Corpus:
+    """Open the sentences, embeddings and own-augmentations datasets (each checked against its
+    schema), read the corpus and fingerprint the run; PairforgeError on fewer than 2 sentences."""
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
     embeddings = open_embeddings(cfg.embeddings)
     candidates = _open_augmentations(cfg.candidates)
@@ -456,8 +505,6 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
         raise PairforgeError(
             f"mine: {cfg.sentences} holds {table.num_rows} sentences; need at least 2"
         )
-    ids = table[S.ID].combine_chunks()
-    texts = ArrowTexts(table[S.TEXT])
     # The rewrites count by their content, and only when there are some: an empty or absent
     # rewrites dataset (the demo's, rewrite disabled) leaves the pools and their fingerprint as
     # they were without one, so a rewritten empty dataset does not recompute every pool.
@@ -465,118 +512,174 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
     if rewrites is not None and rewrites.num_rows:
         inputs["rewrites"] = rewrites
     fp = fingerprint(STAGE, cfg.model_dump(), inputs)
-    writer = DatasetWriter(
-        cfg.output, S.POOLS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
+    return _Corpus(
+        sentences, embeddings, table[S.ID].combine_chunks(), ArrowTexts(table[S.TEXT]), fp
     )
-    bounds = np.concatenate([[0], np.cumsum([s["rows"] for s in sentences.manifest["shards"]])])
-    todo = pending([writer], len(sentences))
-    index_facts: dict[str, Any] = {}
-    coverage_sample: dict[str, Any] = {}
-    aug_facts: dict[str, Any] = {}
-    rewrite_facts: dict[str, Any] = {}
-    search_seconds = 0.0
-    # Also with every shard done but no manifest (a kill in the finishing step): the facts the
-    # manifest records come from the index and the augmentations, as in an uninterrupted run.
-    if not writer.complete:
-        vectors = load_vectors(embeddings, ids)
-        index, index_facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
-        log.info(
-            "mine: %s index over %d x %d vectors (%.1fs)",
-            index_facts["kind"],
-            *vectors.shape,
-            index_facts["build_seconds"],
+
+
+def _search(
+    cfg: MineConfig,
+    corpus: _Corpus,
+    writer: DatasetWriter,
+    todo: list[int],
+    executor: Executor | None,
+    progress: bool,
+) -> _Facts:
+    """Open the index and its searcher, sample the band coverage, gather the anchors' own
+    augmentations, and mine the pending shards ``todo`` into ``writer`` (none: the searcher is
+    still opened, for the facts the manifest records)."""
+    index, searcher, index_facts = _open_searcher(cfg, corpus.embeddings, corpus.ids)
+    facts = _Facts(index=index_facts)
+    if cfg.recall_sample:
+        facts.coverage_sample = band_coverage(searcher, cfg)
+    ids = corpus.ids
+    cand_rows, cand_texts, facts.augmentations = own_augmentations(
+        cfg.candidates, ids, "candidates"
+    )
+    rw_rows, rw_texts, facts.rewrites = own_augmentations(cfg.rewrites, ids, "rewrites")
+    augs = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
+    if todo:
+        facts.search_seconds = _mine_shards(
+            cfg, corpus, writer, todo, index, searcher, augs, executor, progress
         )
-        k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
-        widest = (cfg.pool_cap or cfg.k) + 1
-        if index_facts["gpu"] and widest > GPU_MAX_K:
-            raise ConfigError(
-                f"mine.pool_cap: {cfg.pool_cap} needs {widest} neighbours per search, but faiss "
-                f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "
-                "or use_gpu: no"
-            )
-        if index_facts["kind"] != "flat" and cfg.recall_sample:
-            rk = min(cfg.k, len(vectors))
-            index_facts["recall_at_k"] = round(
-                measure_recall(
-                    vectors,
-                    index,
-                    k=rk,
-                    sample_size=cfg.recall_sample,
-                    seed=cfg.seed,
-                    norm_tol=None,
-                ),
-                4,
-            )
-            index_facts.update(recall_k=rk, recall_sample=min(cfg.recall_sample, len(vectors)))
-            log.info(
-                "mine: recall@%d of the %s index vs exact search: %.4f",
-                rk,
-                index_facts["kind"],
-                index_facts["recall_at_k"],
-            )
-        elif index_facts["kind"] == "flat":
-            index_facts.update(recall_at_k=1.0, exact=True)
-        vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
-        rescore = index_facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
-        searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
-        if cfg.recall_sample:
-            coverage_sample = band_coverage(searcher, cfg)
-        cand_rows, cand_texts, aug_facts = own_augmentations(cfg.candidates, ids, "candidates")
-        rw_rows, rw_texts, rewrite_facts = own_augmentations(cfg.rewrites, ids, "rewrites")
-        aug_rows, aug_texts = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
-        if todo:
-            ex = executor or LocalExecutor()
-            in_process = isinstance(ex, LocalExecutor)
-            key = f"{fp}:{cfg.threads}:{cfg.query_batch}"
-            # Absolute: a worker of a --scheduler cluster may run in another folder.
-            index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
-            if not in_process:
-                _write_search_index(index, index_path)
-            state = {"searcher": searcher, "texts": texts, "ids": ids} if in_process else None
-            fn = MineShard(cfg, key, str(index_path), state)
-            # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
-            anchors = (
-                (i, _anchor_table(ids, int(bounds[i]), int(bounds[i + 1]), aug_rows, aug_texts))
-                for i in todo
-            )
-            shard_facts: list[dict[str, Any]] = []
-            try:
-                map_tables(fn, anchors, {"pools": writer}, ex, STAGE, progress, True, shard_facts)
-            finally:
-                with _STATE_LOCK:
-                    _STATE.pop(key, None)
-            search_seconds = sum(f["seconds"] for f in shard_facts)
+    return facts
+
+
+def _open_searcher(
+    cfg: MineConfig, embeddings: Dataset, ids: pa.Array
+) -> tuple[Any, Searcher, dict[str, Any]]:
+    """The index over the corpus's vectors, built (or reloaded from ``<output>/_work``), and its
+    searcher, with the index's facts (kind, build seconds, recall@k against exact search).
+    ConfigError when the GPU index cannot return the neighbours ``pool_cap`` needs."""
+    from pairforge.stages.mining.searcher import IndexSettings, Searcher, flat_view, open_index
+
+    vectors = load_vectors(embeddings, ids)
+    index, facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
+    log.info(
+        "mine: %s index over %d x %d vectors (%.1fs)",
+        facts["kind"],
+        *vectors.shape,
+        facts["build_seconds"],
+    )
+    k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
+    widest = (cfg.pool_cap or cfg.k) + 1
+    if facts["gpu"] and widest > GPU_MAX_K:
+        raise ConfigError(
+            f"mine.pool_cap: {cfg.pool_cap} needs {widest} neighbours per search, but faiss "
+            f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "
+            "or use_gpu: no"
+        )
+    facts.update(_recall(cfg, vectors, index, facts["kind"]))
+    vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
+    rescore = facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
+    return index, Searcher(index, vectors, k, cfg.query_batch, rescore=rescore), facts
+
+
+def _recall(cfg: MineConfig, vectors: np.ndarray, index, kind: str) -> dict[str, Any]:
+    """The index's recall facts: an approximate index's recall@k against exact search on a
+    seeded sample of ``recall_sample`` anchors (none when 0), an exact one's 1.0."""
+    from pairforge.stages.mining.index import measure_recall
+
+    if kind != "flat" and cfg.recall_sample:
+        rk = min(cfg.k, len(vectors))
+        recall = measure_recall(
+            vectors, index, k=rk, sample_size=cfg.recall_sample, seed=cfg.seed, norm_tol=None
+        )
+        facts = {
+            "recall_at_k": round(recall, 4),
+            "recall_k": rk,
+            "recall_sample": min(cfg.recall_sample, len(vectors)),
+        }
+        log.info(
+            "mine: recall@%d of the %s index vs exact search: %.4f", rk, kind, facts["recall_at_k"]
+        )
+        return facts
+    if kind == "flat":
+        return {"recall_at_k": 1.0, "exact": True}
+    return {}
+
+
+def _mine_shards(
+    cfg: MineConfig,
+    corpus: _Corpus,
+    writer: DatasetWriter,
+    todo: list[int],
+    index,
+    searcher: Searcher,
+    augs: tuple[np.ndarray, pa.Array],
+    executor: Executor | None,
+    progress: bool,
+) -> float:
+    """Mine the anchor shards ``todo`` (their own augmentations ``augs``: rows, texts) into
+    ``writer`` on ``executor``; returns the seconds their searches took, summed over shards.
+    Off this process the index goes to ``<output>/_work`` for the workers to map."""
+    ex = executor or LocalExecutor()
+    in_process = isinstance(ex, LocalExecutor)
+    key = f"{corpus.fingerprint}:{cfg.threads}:{cfg.query_batch}"
+    # Absolute: a worker of a --scheduler cluster may run in another folder.
+    index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
+    if not in_process:
+        _write_search_index(index, index_path)
+    state = {"searcher": searcher, "texts": corpus.texts, "ids": corpus.ids} if in_process else None
+    fn = MineShard(cfg, key, str(index_path), state)
+    shard_rows = [s["rows"] for s in corpus.sentences.manifest["shards"]]
+    bounds = np.concatenate([[0], np.cumsum(shard_rows)])
+    # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
+    anchors = (
+        (i, _anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
+    )
+    shard_facts: list[dict[str, Any]] = []
+    try:
+        map_tables(fn, anchors, {"pools": writer}, ex, STAGE, progress, True, shard_facts)
+    finally:
+        with _STATE_LOCK:
+            _STATE.pop(key, None)
+    return sum(f["seconds"] for f in shard_facts)
+
+
+def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts) -> dict[str, Any]:
+    """Finish the pools dataset: its manifest records how the pools were made (the index, the own
+    augmentations, the coverage sample); the saved index in ``<output>/_work`` goes. Returns the
+    manifest."""
     # Only what describes the index goes in the manifest; timings vary, they go to the metrics.
     stable = {
-        k: v for k, v in index_facts.items() if k not in ("build_seconds", "loaded_from_work")
+        k: v for k, v in facts.index.items() if k not in ("build_seconds", "loaded_from_work")
     }
     # The facts of how the pools were made go in the manifest, and the metrics read them from
     # there: a rerun that finds the pools finished writes the same metrics.
     made = {
-        "augmentations": aug_facts,
-        "rewrites": rewrite_facts,
-        "band_sample": {k: np.asarray(v).tolist() for k, v in coverage_sample.items()},
+        "augmentations": facts.augmentations,
+        "rewrites": facts.rewrites,
+        "band_sample": {k: np.asarray(v).tolist() for k, v in facts.coverage_sample.items()},
     }
-    manifest = writer.finalize(len(sentences), extra={"index": stable, **made} if stable else made)
+    manifest = writer.finalize(shards, extra={"index": stable, **made} if stable else made)
+    shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
+    return manifest
+
+
+def _metrics(
+    cfg: MineConfig,
+    manifest: dict[str, Any],
+    facts: _Facts,
+    *,
+    computed: int,
+    shards: int,
+    t0: float,
+) -> dict[str, Any]:
+    """The stage's metrics, from the finished pools and their manifest (so a rerun that finds
+    them finished reports the same), this run's index facts and timings (``t0``: its start)."""
     coverage_sample = {
         k: np.asarray(v, dtype=np.int64) for k, v in manifest.get("band_sample", {}).items()
     }
-    shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
     totals: dict[str, int] = {}
     for shard in manifest["shards"]:
         for key, value in shard["counts"].items():
             totals[key] = totals.get(key, 0) + value
     pools = open_dataset(cfg.output, S.POOLS)
-    sizes = np.concatenate(
-        [
-            pc.list_value_length(t[S.POOL_ROWS]).to_numpy(zero_copy_only=False)
-            for t in pools.iter_shards([S.POOL_ROWS])
-        ]
-        or [np.empty(0, np.int64)]
-    )
-    metrics = {
+    sizes = _pool_sizes(pools)
+    return {
         "anchors": pools.num_rows,
-        "index": index_facts or manifest.get("index", {}),
+        "index": facts.index or manifest.get("index", {}),
         "k": cfg.k,
         "pool_cap": cfg.pool_cap,
         "band_coverage": _coverage_metrics(cfg, totals, sizes, coverage_sample),
@@ -592,13 +695,26 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
         "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
         "augmentations": manifest.get("augmentations", {}),
         "rewrites": manifest.get("rewrites", {}),
-        "computed_shards": len(todo),
-        "shards": len(sentences),
-        "pool_seconds": round(search_seconds, 3),
+        "computed_shards": computed,
+        "shards": shards,
+        "pool_seconds": round(facts.search_seconds, 3),
         "seconds": round(time.monotonic() - t0, 3),
     }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+
+
+def _pool_sizes(pools: Dataset) -> np.ndarray:
+    """Every anchor's pool size, in row order: ``(anchors,)`` int64."""
+    return np.concatenate(
+        [
+            pc.list_value_length(t[S.POOL_ROWS]).to_numpy(zero_copy_only=False)
+            for t in pools.iter_shards([S.POOL_ROWS])
+        ]
+        or [np.empty(0, np.int64)]
+    )
+
+
+def _log_summary(cfg: MineConfig, metrics: dict[str, Any]) -> None:
+    """Log the band coverage and the pool sizes of ``metrics``, two lines."""
     st = metrics["pool_size"]
     cov = metrics["band_coverage"]
     log.info(
@@ -618,7 +734,6 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
         metrics["short_after_fallback"],
         cfg.fallback,
     )
-    return metrics
 
 
 @stage_command(STAGE, MineConfig)
