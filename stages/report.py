@@ -202,14 +202,19 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
     write_metrics(cfg.metrics, metrics, STAGE)
+    _log_summary(summary, reports / "mining.md")
+    return metrics
+
+
+def _log_summary(summary: dict[str, Any], report: Path) -> None:
+    """One log line: the mined pairs' mean overlap beside the paper's, and where the report is."""
     m = summary["mined"]
     log.info(
         "report: mined overlap %s / %s (positive / negative; paper 0.56 / 0.21), written to %s",
         m["positive"]["overlap"]["mean"],
         m["negative"]["overlap"]["mean"],
-        reports / "mining.md",
+        report,
     )
-    return metrics
 
 
 def _corpus(cfg: ReportConfig) -> tuple[list[str], np.ndarray, dict[str, Any]]:
