@@ -124,11 +124,26 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
     pairs dataset's path), ``params`` (the sample stage's, from the pairs manifest), ``path``
     (the export folder, for the loading snippet).
     """
-    columns = _columns(fmt, m)
-    params = card.get("params") or {}
     license_text = card.get("license")
     license_id = hub_license(license_text)
     name = card.get("name") or "pairs"
+    sections = [
+        _export_front_matter(fmt, license_id),
+        _intro(fmt, m, name, card.get("source")),
+        _columns_section(fmt, m),
+        _how_made_section(card.get("params") or {}),
+        _counts_section(totals),
+        _training_section(fmt, card.get("path")),
+        FILES_SECTION,
+        _licence_section(license_id, license_text),
+    ]
+    # Each section ends its last line; one more newline between them is the blank line.
+    return "\n".join(sections)
+
+
+def _export_front_matter(fmt: str, license_id: str) -> str:
+    """The card's YAML front matter between its ``---`` lines: the ``train`` split's files
+    (``data/train-*.parquet``), the licence Hub id, the language, the task and the tags."""
     meta = {
         "configs": [
             {
@@ -141,7 +156,31 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
         "task_categories": ["sentence-similarity"],
         "tags": ["sentence-transformers", "pairforge", "hard-negatives", fmt],
     }
-    col_rows = "\n".join(f"| `{c}` | string | {COLUMN_DOCS[c.split('_')[0]]} |" for c in columns)
+    return f"---\n{yaml.safe_dump(meta, sort_keys=False).strip()}\n---\n"
+
+
+def _intro(fmt: str, m: int, name: str, source: str | None) -> str:
+    """The title and the paragraph saying what a row of the ``fmt`` layout holds and which
+    pairs dataset (``source``) of which corpus (``name``) it was exported from."""
+    holds = {
+        "triplet": "a paraphrase of it and a hard negative",
+        "n-tuple": f"a paraphrase of it and {m} hard negatives",
+        "pair": "a paraphrase of it",
+    }[fmt]
+    return f"""# {name}: sentence-transformers {fmt}s
+
+Training data for sentence embeddings in the sentence-transformers `{fmt}` layout: each row
+holds an anchor sentence, {holds}. Exported by `pairforge export --format {fmt}` from the
+pairforge pairs dataset `{source}` (not shipped here), mined from {name}.
+"""
+
+
+def _columns_section(fmt: str, m: int) -> str:
+    """The "Columns" section: one table row per column of the layout (``_columns``), then
+    how many rows an anchor gives and which anchors give none."""
+    col_rows = "\n".join(
+        f"| `{c}` | string | {COLUMN_DOCS[c.split('_')[0]]} |" for c in _columns(fmt, m)
+    )
     per_row = {
         "triplet": "one row per (sampled positive, sampled negative) of an anchor: an anchor "
         "with p positives and n negatives gives p x n rows, each negative repeated for each "
@@ -151,13 +190,39 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
         "pair": "one row per sampled positive of an anchor; the other rows of a batch are its "
         "negatives",
     }[fmt]
-    holds = {
-        "triplet": "a paraphrase of it and a hard negative",
-        "n-tuple": f"a paraphrase of it and {m} hard negatives",
-        "pair": "a paraphrase of it",
-    }[fmt]
     no_row = "a positive" if fmt == "pair" else "a positive or enough negatives"
-    repeats = "positive" if fmt == "pair" else "positive and negative"
+    return f"""## Columns
+
+| column | type | what |
+|---|---|---|
+{col_rows}
+
+Rows: {per_row}. Anchors without {no_row} have no row.
+"""
+
+
+def _how_made_section(params: dict[str, Any]) -> str:
+    """The "How the rows were made" section: positives, negatives, and the sample stage's
+    sampling settings from ``params`` (those set, in a fixed order)."""
+    recipe = ", ".join(
+        f"{k} = {params[k]}"
+        for k in ("m", "m_positive", "ipw", "lambda_n", "lambda_p", "temperature", "seed")
+        if params.get(k) is not None
+    )
+    return f"""## How the rows were made
+
+- **Positives**: augmentations of the anchor (back-translation round trips and, when enabled,
+  LLM rewrites), drawn by DebCSE's inverse propensity weighting, which favours candidates that
+  keep the meaning with fewer shared words (DebCSE, CIKM 2023, eqs. 5-6).
+- **Negatives**: corpus sentences among the anchor's FAISS nearest neighbours whose cosine
+  lies in the mining band (close in topic, not paraphrases), drawn by DebCSE's eqs. 3-4.
+- Sampling settings: {recipe or "recorded in the pairs dataset's manifest"}.
+"""
+
+
+def _counts_section(totals: dict[str, int]) -> str:
+    """The "Counts" table from ``write_export``'s totals: rows, anchors read, then each reason
+    an anchor has no row, in the order the totals hold them."""
     skipped = {k: v for k, v in totals.items() if k not in ("rows", "anchors")}
     counts = "\n".join(
         [
@@ -169,46 +234,20 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
             ),
         ]
     )
-    recipe = ", ".join(
-        f"{k} = {params[k]}"
-        for k in ("m", "m_positive", "ipw", "lambda_n", "lambda_p", "temperature", "seed")
-        if params.get(k) is not None
-    )
-    path = json.dumps(str(card.get("path") or "path/to/this/folder"))
-    return f"""---
-{yaml.safe_dump(meta, sort_keys=False).strip()}
----
-
-# {name}: sentence-transformers {fmt}s
-
-Training data for sentence embeddings in the sentence-transformers `{fmt}` layout: each row
-holds an anchor sentence, {holds}. Exported by `pairforge export --format {fmt}` from the
-pairforge pairs dataset `{card.get("source")}` (not shipped here), mined from {name}.
-
-## Columns
-
-| column | type | what |
-|---|---|---|
-{col_rows}
-
-Rows: {per_row}. Anchors without {no_row} have no row.
-
-## How the rows were made
-
-- **Positives**: augmentations of the anchor (back-translation round trips and, when enabled,
-  LLM rewrites), drawn by DebCSE's inverse propensity weighting, which favours candidates that
-  keep the meaning with fewer shared words (DebCSE, CIKM 2023, eqs. 5-6).
-- **Negatives**: corpus sentences among the anchor's FAISS nearest neighbours whose cosine
-  lies in the mining band (close in topic, not paraphrases), drawn by DebCSE's eqs. 3-4.
-- Sampling settings: {recipe or "recorded in the pairs dataset's manifest"}.
-
-## Counts
+    return f"""## Counts
 
 | | |
 |---|---|
 {counts}
+"""
 
-## Training with it
+
+def _training_section(fmt: str, path: str | None) -> str:
+    """The "Training with it" section: why to train with the no-duplicates batch sampler, and
+    a sentence-transformers training snippet that loads the folder at ``path``."""
+    repeats = "positive" if fmt == "pair" else "positive and negative"
+    path = json.dumps(str(path or "path/to/this/folder"))
+    return f"""## Training with it
 
 An anchor appears in several rows (one per {repeats}). With an in-batch negatives loss such as
 `{LOSS}`, two rows of the same anchor in one batch would make each other's positive a false
@@ -236,14 +275,21 @@ trainer = SentenceTransformerTrainer(
 )
 trainer.train()
 ```
+"""
 
-## Files
+
+# The "Files" section: what the export folder holds, the same for every export.
+FILES_SECTION = """## Files
 
 - `README.md`: this card.
 - `data/train-*.parquet`: the `train` split, zstd-compressed Parquet (`datasets`, polars,
   pyarrow and DuckDB read the folder directly).
+"""
 
-## Licence
+
+def _licence_section(license_id: str, license_text: str | None) -> str:
+    """The "Licence" section: the Hub id and the corpus licence as written in params."""
+    return f"""## Licence
 
 `{license_id}`: the licence of the corpus text ({license_text or "not stated"}). Rows quote
 corpus sentences and machine-generated paraphrases of them, so they carry the corpus's terms.
@@ -251,6 +297,7 @@ corpus sentences and machine-generated paraphrases of them, so they carry the co
 
 
 def _columns(fmt: str, m: int) -> list[str]:
+    """The column names of the ``fmt`` layout, in order (``n-tuple``: ``m`` negatives)."""
     if fmt == "pair":
         return ["anchor", "positive"]
     if fmt == "triplet":
