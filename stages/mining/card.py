@@ -134,15 +134,23 @@ def render_card(
     source: dict[str, Any],
 ) -> str:
     """The card's markdown. ``distributions`` maps a score name to ``distribution()`` output."""
-    dist_rows = [
-        [key, d["count"], d["mean"], d["p10"], d["p50"], d["p90"]]
-        for key, d in distributions.items()
+    sections = [
+        _intro(name, params, schema_doc),
+        _how_mined_section(params, encoder, mining),
+        _counts_section(counts),
+        _distributions_section(distributions),
+        _source_section(source),
+        _columns_section(columns),
+        _loading_section(source.get("path")),
     ]
-    count_rows = [[key, value] for key, value in counts.items()]
-    col_rows = [[f"`{c}`", t] for c, t in columns]
-    return (
-        front_matter(source.get("corpus_license"))
-        + f"""# {name}: DebCSE-mined sentence pairs
+    # Each section ends its last line; one more newline between them is the blank line.
+    return front_matter(source.get("corpus_license")) + "\n".join(sections)
+
+
+def _intro(name: str, params: dict[str, Any], schema_doc: str) -> str:
+    """The title, what a row holds for each objective (the routes from the sample stage's
+    ``params``), and the schema's own description ``schema_doc``."""
+    return f"""# {name}: DebCSE-mined sentence pairs
 
 Training pairs for unsupervised sentence-embedding objectives, mined by
 pairforge from an unlabeled corpus. One row per anchor sentence:
@@ -156,15 +164,24 @@ pairforge from an unlabeled corpus. One row per anchor sentence:
 Every score the sampler used is a column, so the sampling can be audited or redone.
 
 {schema_doc}
+"""
 
-## How it was mined
+
+def _how_mined_section(
+    params: dict[str, Any], encoder: dict[str, Any], mining: dict[str, Any]
+) -> str:
+    """The "How it was mined" section, five steps: the ``encoder``, the negative pools
+    (``mining``: k, pool cap, index and its recall, band, near-duplicate threshold, fallback),
+    the positive pools, the scores and the sampling (the sample stage's ``params``)."""
+    index = mining.get("index", {})
+    return f"""## How it was mined
 
 1. **Embeddings**: `{encoder.get("model")}`, `{encoder.get("pooling")}` pooling, max length
    {encoder.get("max_length")}, {encoder.get("dim")}-d, L2-normalised.
 2. **Negative pools**: the nearest neighbours of each anchor (k = {mining.get("k")}, doubled
    while its band lasts, up to {mining.get("pool_cap") or mining.get("k")}) in a FAISS
-   `{mining.get("index", {}).get("kind")}` inner-product index (recall@k against exact search:
-   {_fmt(mining.get("index", {}).get("recall_at_k"))}), kept when their cosine lies in
+   `{index.get("kind")}` inner-product index (recall@k against exact search:
+   {_fmt(index.get("recall_at_k"))}), kept when their cosine lies in
    [{mining.get("band_low")}, {mining.get("band_high")}] and they are not the anchor, an exact or
    near duplicate of it (rapidfuzz ratio >= {mining.get("near_duplicate_threshold")}) or one of its
    own augmentations. Pools under {mining.get("min_pool")} candidates: fallback
@@ -179,48 +196,75 @@ Every score the sampler used is a column, so the sampling can be audited or redo
 5. **Sampling**: m = {params.get("m")} negatives and {params.get("m_positive") or params.get("m")}
    positives per anchor without replacement, seed {params.get("seed")}; rows short of negatives:
    `{params.get("short")}`.
+"""
 
-## Counts
 
-{_table(["what", "count"], count_rows)}
+def _counts_section(counts: dict[str, Any]) -> str:
+    """The "Counts" table: one row per entry of ``counts``, in its order."""
+    rows = [[key, value] for key, value in counts.items()]
+    return f"""## Counts
 
-## Score distributions (sampled items)
+{_table(["what", "count"], rows)}
+"""
 
-{_table(["score", "count", "mean", "p10", "p50", "p90"], dist_rows)}
 
-## Source corpus and licence
+def _distributions_section(distributions: dict[str, dict[str, Any]]) -> str:
+    """The "Score distributions" table: count, mean and quantiles per score name."""
+    rows = [
+        [key, d["count"], d["mean"], d["p10"], d["p50"], d["p90"]]
+        for key, d in distributions.items()
+    ]
+    return f"""## Score distributions (sampled items)
+
+{_table(["score", "count", "mean", "p10", "p50", "p90"], rows)}
+"""
+
+
+def _source_section(source: dict[str, Any]) -> str:
+    """The "Source corpus and licence" section: the corpus, its size and input files, its
+    licence as written (the dataset carries it) and the augmentations used."""
+    return f"""## Source corpus and licence
 
 - Corpus: {source.get("corpus_name")} ({source.get("sentences")} sentences from
   {", ".join(source.get("inputs") or []) or "-"}).
 - Licence of the corpus text: **{source.get("corpus_license")}**. Rows quote corpus sentences and
   machine-generated paraphrases of them, so the dataset carries the corpus's licence terms.
 - Augmentations: {source.get("augmentations") or "none"}.
+"""
 
-## Columns
 
-{_table(["column", "type"], col_rows)}
+def _columns_section(columns: list[tuple[str, str]]) -> str:
+    """The "Columns" table: each ``(name, type)`` of the dataset's schema."""
+    rows = [[f"`{c}`", t] for c, t in columns]
+    return f"""## Columns
 
-## Loading
+{_table(["column", "type"], rows)}
+"""
+
+
+def _loading_section(path: str | None) -> str:
+    """The "Loading" section: reading the folder at ``path`` with datasets, polars, pyarrow and
+    DuckDB, the export to sentence-transformers layouts, and checking it against its manifest."""
+    return f"""## Loading
 
 ```python
 import datasets
-d = datasets.load_dataset("{source.get("path")}", split="train")
+d = datasets.load_dataset("{path}", split="train")
 
 import polars as pl
-df = pl.read_parquet("{source.get("path")}/data")
+df = pl.read_parquet("{path}/data")
 
 import pyarrow.parquet as pq
-table = pq.read_table("{source.get("path")}/data")
+table = pq.read_table("{path}/data")
 
 import duckdb
-duckdb.sql("select text, negative_texts from '{source.get("path")}/data/*.parquet'")
+duckdb.sql("select text, negative_texts from '{path}/data/*.parquet'")
 ```
 
 `pairforge export --format triplet` writes the sentence-transformers (anchor, positive, negative)
 layout. `_manifest.json` records the schema, params, fingerprint, code version and each shard's
-size, sha256 and xxh3_128; `pairforge verify {source.get("path")}` checks the shards against it.
+size, sha256 and xxh3_128; `pairforge verify {path}` checks the shards against it.
 """
-    )
 
 
 # --- how far sampling is from uniform (a self-contained card section) ---------------------------
