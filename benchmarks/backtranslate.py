@@ -45,7 +45,7 @@ VOCAB = 58101
 CHILD_STAGE = r"""
 import json, sys, time
 from pairforge.pipeline.runner import LocalExecutor
-from pairforge.stages.backtranslate import BacktranslateConfig, run
+from pairforge.stages.backtranslate.stage import BacktranslateConfig, run
 work, engine, compute_type, device, length, threads, name = sys.argv[1:8]
 cfg = BacktranslateConfig(
     input=f"{work}/sentences", output=f"{work}/out-{name}", metrics=f"{work}/out-{name}.json",
@@ -99,7 +99,7 @@ def build(work: Path, n: int) -> None:
     from pairforge.pipeline import schemas as S
     from pairforge.pipeline.shards import DatasetWriter
     from pairforge.pipeline.text import sentence_ids
-    from pairforge.stages.augment.standin import marian_vocab, train_vocabulary, write_tokenizer
+    from pairforge.stages.standin.marian import marian_vocab, train_vocabulary, write_tokenizer
     from transformers import MarianConfig, MarianMTModel
 
     lines = [" ".join(x.split()) for x in WIKI.read_text(encoding="utf-8").splitlines()]
@@ -183,7 +183,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pairforge-bench-bt-") as tmp:
         work = Path(tmp)
         build(work, args.sentences)
-        from pairforge.stages.augment.modelfiles import (
+        from pairforge.pipeline.modelfiles import (
             convert_ctranslate2,
             resolve_translation_model,
         )

@@ -15,7 +15,7 @@ times:
 
 - baseline: a Python loop of ``Levenshtein.normalized_distance`` over every pair (characters);
 - rapidfuzz ``cpdist`` over Python strings: characters (``pair_distances``, the tests'
-  reference in ``tests/stages/mining/edit_oracle.py``), and words pre-encoded with ``WordCodes``
+  reference in ``tests/stages/sample/edit_oracle.py``), and words pre-encoded with ``WordCodes``
   (``encoded_distances``, the stage's ``edit_backend: rapidfuzz``);
 - the numba kernels (``code_distances``) over texts encoded once (``EditCodes``), pairs given as
   row-index arrays, words (the stage's default path) and characters.
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from pairforge.stages.mining.edits import (
+from pairforge.stages.sample.edits import (
     EditCodes,
     WordCodes,
     code_distances,
@@ -47,7 +47,7 @@ from pairforge.stages.mining.edits import (
 from rapidfuzz.distance import Levenshtein
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.stages.mining.edit_oracle import pair_distances  # noqa: E402  (the string reference)
+from tests.stages.sample.edit_oracle import pair_distances  # noqa: E402  (the string reference)
 
 TARGET = 3_000_000  # pairs/s, the stage's default path: word-level normalised Levenshtein
 

@@ -5,7 +5,7 @@
         [--sts-max-pairs N] [--no-sts]
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
-``train/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
+``pipeline/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
 (``load_text_encoder``, as the embed stage builds it: the same tokenising, length-sorted
 batches and pooling):
 
@@ -16,7 +16,7 @@ batches and pooling):
 2. **Closeness**: every distinct sentence of the 7 tasks encoded by each engine (batch 64);
    the cosine of each engine's vector to transformers float32's, min / p01 / mean.
 3. **STS**: the 7-task Spearman average of each engine's vectors, scored by the evaluate stage's
-   scorer (``train.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
+   scorer (``pipeline.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
    (then said in the table).
 
 The CTranslate2 conversions are made once under ``--models-dir`` (not timed). Prints the
@@ -30,8 +30,8 @@ import os
 import time
 
 import numpy as np
+from pairforge.pipeline import sts
 from pairforge.pipeline.models import load_text_encoder
-from pairforge.train import sts
 
 ENGINES = {
     "transformers float32": {"engine": "transformers"},

@@ -147,9 +147,9 @@ def _write_project(
     the embeddings of both, as the ingest, augment and embed stages would have written them."""
     import pyarrow as pa
     from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.mining_inputs import write_vectors
     from pairforge.pipeline.shards import DatasetWriter
     from pairforge.pipeline.text import sentence_id
-    from pairforge.stages.mining.inputs import write_vectors
 
     rps = 50_000
     ids = [sentence_id(t) for t in texts]
@@ -232,7 +232,7 @@ def _write_project(
 
 def child_mine(folder: str, flat_max: int) -> dict:
     """The ``mine`` stage as its own process, as DVC runs it."""
-    from pairforge.stages.mine import MineConfig, run
+    from pairforge.stages.mine.stage import MineConfig, run
 
     root = Path(folder)
     t0 = time.perf_counter()
@@ -259,7 +259,7 @@ def child_mine(folder: str, flat_max: int) -> dict:
 
 def child_sample(folder: str) -> dict:
     """The ``sample`` stage as its own process."""
-    from pairforge.stages.sample import SampleConfig, run
+    from pairforge.stages.sample.stage import SampleConfig, run
 
     root = Path(folder)
     t0 = time.perf_counter()
@@ -407,7 +407,7 @@ def measure(args: list[str]) -> dict:
 def exact_band_sets(texts: list[str], vectors: np.ndarray) -> dict[str, list[str]]:
     """pairforge's exact search (flat index), band-filtered, only the anchor excluded, for the
     agreement sample of anchors."""
-    from pairforge.stages.mining.index import build_index, search
+    from pairforge.stages.mine.index import build_index, search
 
     index = build_index(vectors, "flat", use_gpu=False)
     rows = agreement_rows(len(texts))
@@ -460,7 +460,7 @@ def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tupl
     """pairs/s of each way to score (anchor, pool candidate) pairs of the mined pools."""
     from pairforge.pipeline import schemas as S
     from pairforge.pipeline.shards import open_dataset
-    from pairforge.stages.mining.edits import (
+    from pairforge.stages.sample.edits import (
         EditCodes,
         WordCodes,
         code_distances,
@@ -468,7 +468,7 @@ def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tupl
     )
     from rapidfuzz.distance import Levenshtein
 
-    from tests.stages.mining.edit_oracle import encode_words, pair_distances  # the references
+    from tests.stages.sample.edit_oracle import encode_words, pair_distances  # the references
 
     table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
     a_rows, c_rows = [], []

@@ -180,8 +180,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pairforge.pipeline.cli_options import setup_logging
-    from pairforge.stages import evaluate as E
-    from pairforge.stages import train as T
+    from pairforge.stages.evaluate import stage as E
+    from pairforge.stages.train import stage as T
 
     setup_logging()
     out = Path(args.out)

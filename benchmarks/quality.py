@@ -238,7 +238,7 @@ def pairforge(args: list[str], cwd: Path, log: Path) -> float:
         out.write(f"\n$ pairforge {' '.join(args)}\n")
         out.flush()
         code = subprocess.call(
-            [sys.executable, "-m", "pairforge.pipeline.cli", *args],
+            [sys.executable, "-m", "pairforge.stages.cli", *args],
             cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -321,13 +321,13 @@ def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
     import pyarrow as pa
     from datasets import Dataset
     from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
     from pairforge.pipeline.shards import DatasetWriter, open_dataset
     from pairforge.pipeline.text import sentence_id
-    from pairforge.stages.mining.inputs import load_vectors, open_embeddings
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    from tests.stages.mining.edit_oracle import pair_distances
+    from tests.stages.sample.edit_oracle import pair_distances
 
     params = yaml.safe_load((folder / "params.yaml").read_text())
     k, m = params["mine"]["k"], params["sample"]["m"]

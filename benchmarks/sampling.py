@@ -1,7 +1,7 @@
 """Benchmark: the cost of per-sentence seeded sampling against each engine's own sampler.
 
 Since the fix for resumable sampling, neither engine samples: they give next-token logits and
-``stages.augment.sampling`` draws (CTranslate2: ``target_prefix`` + ``return_logits_vocab``,
+``stages.backtranslate.sampling`` draws (CTranslate2: ``target_prefix`` + ``return_logits_vocab``,
 reusing a greedy continuation's logits while the draws follow it; transformers: a logits
 processor under greedy search). This script times, per engine, on one Marian model:
 
@@ -32,14 +32,14 @@ sys.path.insert(0, str(ROOT))
 
 def sentences(n: int, seed: int = 0) -> list[str]:
     """Generated sentences of 5 to 20 words (the augment tests' vocabulary, not numbered)."""
-    from tests.stages.augment.augment_helpers import make_sentences
+    from tests.stages.augment_helpers import make_sentences
 
     return make_sentences(n, seed, lengths=(5, 20), numbered=False)
 
 
 def tiny_model(folder: Path, texts: list[str]) -> Path:
     """The augment tests' tiny random MarianMT, larger: d_model 64, 4 heads, FFN 128."""
-    from tests.stages.augment.augment_helpers import build_tiny_marian
+    from tests.stages.augment_helpers import build_tiny_marian
 
     return build_tiny_marian(
         folder,
@@ -92,9 +92,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from pairforge.stages.augment.decoding import Decoding
-    from pairforge.stages.augment.engines import engine_settings, load_translator
-    from pairforge.stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
+    from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
+    from pairforge.stages.backtranslate.decoding import Decoding
+    from pairforge.stages.backtranslate.engines import engine_settings, load_translator
 
     torch.set_num_threads(args.threads)
     texts = sentences(args.sentences)

@@ -115,9 +115,9 @@ def folder_digest(folder: Path) -> str:
 
 
 def configs(folder: Path, threads: int):
-    from pairforge.stages.embed import EmbedConfig
-    from pairforge.stages.mine import MineConfig
-    from pairforge.stages.sample import SampleConfig
+    from pairforge.stages.embed.stage import EmbedConfig
+    from pairforge.stages.mine.stage import MineConfig
+    from pairforge.stages.sample.stage import SampleConfig
 
     d = str(folder / "data")
     embed = EmbedConfig(
@@ -164,7 +164,9 @@ def main() -> None:
     ap.add_argument("--folder", default=None, help="work folder (default: a temporary one)")
     args = ap.parse_args()
     from pairforge.pipeline.runner import DaskExecutor, LocalExecutor
-    from pairforge.stages import embed, mine, sample
+    from pairforge.stages.embed import stage as embed
+    from pairforge.stages.mine import stage as mine
+    from pairforge.stages.sample import stage as sample
 
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     folder = Path(args.folder or tempfile.mkdtemp(prefix="scale-dask-"))

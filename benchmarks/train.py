@@ -96,7 +96,7 @@ class Encodings:
 
 
 def run_pairforge(args, data: Path, out: Path) -> dict:
-    from pairforge.stages.train import TrainConfig, settings_for
+    from pairforge.stages.train.stage import TrainConfig, settings_for
     from pairforge.train.loop import Trainer, quiet_transformers
 
     config = TrainConfig(

@@ -72,7 +72,7 @@ def _describe(holder: dict) -> str:
 
 
 def _command() -> str:
-    """This process's command line as the user typed it (``python -m pairforge.pipeline.cli``
+    """This process's command line as the user typed it (``python -m pairforge.stages.cli``
     and the console script both read ``pairforge``)."""
     program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
     if program in ("cli.py", "__main__.py", "pairforge"):

@@ -55,7 +55,7 @@ PLUMBING = (
 _SHARDS = ("pipeline/runner.py", "pipeline/schemas.py", "pipeline/shards.py", "pipeline/metrics.py")
 _DATASETS = ("pipeline/schemas.py", "pipeline/shards.py", "pipeline/metrics.py")
 # The model layer; its CTranslate2 encoder converts models through the augment stages' files.
-_MODELS = ("pipeline/models", "stages/augment/modelfiles.py")
+_MODELS = ("pipeline/models", "pipeline/modelfiles.py")
 _TRAINER = (
     "train/card.py",
     "train/checkpoint.py",
@@ -66,9 +66,9 @@ _TRAINER = (
     "train/loop.py",
     "train/objectives",
     "train/optim.py",
-    "train/report.py",
+    "train/training_report.py",
     "train/runtime.py",
-    "train/sts.py",
+    "pipeline/sts.py",
 )
 
 
@@ -85,7 +85,7 @@ class StageDef:
 
 STAGES: dict[str, StageDef] = {
     "ingest": StageDef(
-        code=("stages/ingest.py", "pipeline/readers.py", "pipeline/text.py", *_SHARDS),
+        code=("stages/ingest/stage.py", "pipeline/readers.py", "pipeline/text.py", *_SHARDS),
         inputs=("${ingest.root}",),
         outputs=("output", "quarantine", "metrics"),
         params=(
@@ -103,9 +103,9 @@ STAGES: dict[str, StageDef] = {
     ),
     "standin": StageDef(
         code=(
-            "stages/standin.py",
-            "stages/augment/standin.py",
-            "stages/augment/synonyms.py",
+            "stages/standin/stage.py",
+            "stages/standin/marian.py",
+            "stages/standin/synonyms.py",
             *_MODELS,
             "pipeline/schemas.py",
             "pipeline/shards.py",
@@ -124,16 +124,16 @@ STAGES: dict[str, StageDef] = {
     ),
     "backtranslate": StageDef(
         code=(
-            "stages/backtranslate.py",
-            "stages/augment/translate.py",
-            "stages/augment/engines.py",
-            "stages/augment/sampling.py",
-            "stages/augment/summary.py",
-            "stages/augment/decoding.py",
-            "stages/augment/batching.py",
-            "stages/augment/cache.py",
-            "stages/augment/noise.py",
-            "stages/augment/quality.py",
+            "stages/backtranslate/stage.py",
+            "stages/backtranslate/translate.py",
+            "stages/backtranslate/engines.py",
+            "stages/backtranslate/sampling.py",
+            "stages/backtranslate/summary.py",
+            "stages/backtranslate/decoding.py",
+            "stages/backtranslate/batching.py",
+            "pipeline/cache.py",
+            "stages/backtranslate/noise.py",
+            "pipeline/candidate_quality.py",
             *_MODELS,
             *_SHARDS,
         ),
@@ -159,11 +159,11 @@ STAGES: dict[str, StageDef] = {
     ),
     "rewrite": StageDef(
         code=(
-            "stages/rewrite.py",
-            "stages/augment/rewriting.py",
-            "stages/augment/llm.py",
-            "stages/augment/cache.py",
-            "stages/augment/quality.py",
+            "stages/rewrite/stage.py",
+            "stages/rewrite/rewriting.py",
+            "stages/rewrite/llm.py",
+            "pipeline/cache.py",
+            "pipeline/candidate_quality.py",
             *_SHARDS,
         ),
         inputs=("${rewrite.input}",),
@@ -193,8 +193,8 @@ STAGES: dict[str, StageDef] = {
     ),
     "pretrain": StageDef(
         code=(
-            "stages/pretrain.py",
-            "train/infocse_pretrain.py",
+            "stages/pretrain/stage.py",
+            "stages/pretrain/infocse.py",
             "train/infocse_aux.py",
             *_MODELS,
             *_DATASETS,
@@ -222,8 +222,8 @@ STAGES: dict[str, StageDef] = {
     ),
     "embed": StageDef(
         code=(
-            "stages/embed.py",
-            "stages/mining/inputs.py",
+            "stages/embed/stage.py",
+            "pipeline/mining_inputs.py",
             *_MODELS,
             *_SHARDS,
         ),
@@ -245,11 +245,11 @@ STAGES: dict[str, StageDef] = {
     ),
     "mine": StageDef(
         code=(
-            "stages/mine.py",
-            "stages/mining/index.py",
-            "stages/mining/pools.py",
-            "stages/mining/searcher.py",
-            "stages/mining/inputs.py",
+            "stages/mine/stage.py",
+            "stages/mine/index.py",
+            "pipeline/pools.py",
+            "stages/mine/searcher.py",
+            "pipeline/mining_inputs.py",
             *_SHARDS,
         ),
         inputs=(
@@ -287,16 +287,16 @@ STAGES: dict[str, StageDef] = {
     ),
     "sample": StageDef(
         code=(
-            "stages/sample.py",
-            "stages/mining/edits.py",
-            "stages/mining/edit_kernels.py",
-            "stages/mining/ipw.py",
-            "stages/mining/pairs.py",
-            "stages/mining/pools.py",
-            "stages/mining/sampling.py",
-            "stages/mining/card.py",
-            "stages/mining/export.py",
-            "stages/mining/inputs.py",
+            "stages/sample/stage.py",
+            "stages/sample/edits.py",
+            "stages/sample/edit_kernels.py",
+            "stages/sample/ipw.py",
+            "stages/sample/pairs.py",
+            "pipeline/pools.py",
+            "stages/sample/sampling.py",
+            "pipeline/dataset_card.py",
+            "stages/export/layouts.py",
+            "pipeline/mining_inputs.py",
             *_SHARDS,
         ),
         inputs=(
@@ -334,9 +334,9 @@ STAGES: dict[str, StageDef] = {
     ),
     "report": StageDef(
         code=(
-            "stages/report.py",
-            "stages/mining/diagnostics.py",
-            "stages/mining/inputs.py",
+            "stages/report/stage.py",
+            "stages/report/diagnostics.py",
+            "pipeline/mining_inputs.py",
             *_MODELS,
             *_DATASETS,
         ),
@@ -357,7 +357,7 @@ STAGES: dict[str, StageDef] = {
     ),
     "train": StageDef(
         code=(
-            "stages/train.py",
+            "stages/train/stage.py",
             *_TRAINER,
             "train/objective_options.py",
             # Copied into every exported model as its sentence-transformers pooling module.
@@ -406,7 +406,7 @@ STAGES: dict[str, StageDef] = {
         ),
     ),
     "evaluate": StageDef(
-        code=("stages/evaluate.py", *_TRAINER, *_MODELS, *_DATASETS),
+        code=("stages/evaluate/stage.py", *_TRAINER, *_MODELS, *_DATASETS),
         inputs=("${train.output}/${train.objective}", "${evaluate.demo_data}"),
         outputs=("metrics", "report", "plot"),
         params=(

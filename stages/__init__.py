@@ -6,17 +6,17 @@ import importlib
 
 # stage -> (module, config class). Order is pipeline order.
 STAGES: dict[str, tuple[str, str]] = {
-    "ingest": ("pairforge.stages.ingest", "IngestConfig"),
-    "standin": ("pairforge.stages.standin", "StandinConfig"),
-    "backtranslate": ("pairforge.stages.backtranslate", "BacktranslateConfig"),
-    "rewrite": ("pairforge.stages.rewrite", "RewriteConfig"),
-    "pretrain": ("pairforge.stages.pretrain", "PretrainConfig"),
-    "embed": ("pairforge.stages.embed", "EmbedConfig"),
-    "mine": ("pairforge.stages.mine", "MineConfig"),
-    "sample": ("pairforge.stages.sample", "SampleConfig"),
-    "report": ("pairforge.stages.report", "ReportConfig"),
-    "train": ("pairforge.stages.train", "TrainConfig"),
-    "evaluate": ("pairforge.stages.evaluate", "EvaluateConfig"),
+    "ingest": ("pairforge.stages.ingest.stage", "IngestConfig"),
+    "standin": ("pairforge.stages.standin.stage", "StandinConfig"),
+    "backtranslate": ("pairforge.stages.backtranslate.stage", "BacktranslateConfig"),
+    "rewrite": ("pairforge.stages.rewrite.stage", "RewriteConfig"),
+    "pretrain": ("pairforge.stages.pretrain.stage", "PretrainConfig"),
+    "embed": ("pairforge.stages.embed.stage", "EmbedConfig"),
+    "mine": ("pairforge.stages.mine.stage", "MineConfig"),
+    "sample": ("pairforge.stages.sample.stage", "SampleConfig"),
+    "report": ("pairforge.stages.report.stage", "ReportConfig"),
+    "train": ("pairforge.stages.train.stage", "TrainConfig"),
+    "evaluate": ("pairforge.stages.evaluate.stage", "EvaluateConfig"),
 }
 
 

@@ -30,7 +30,7 @@ def run_cli(
     """Run ``pairforge ARGS`` in a subprocess, as a user would."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), DVC_NO_ANALYTICS="1")
     return subprocess.run(
-        [sys.executable, "-m", "pairforge.pipeline.cli", *args],
+        [sys.executable, "-m", "pairforge.stages.cli", *args],
         cwd=cwd,
         env=env,
         capture_output=True,

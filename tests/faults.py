@@ -74,11 +74,11 @@ def main(argv: list[str]) -> None:
     point, sep, *args = argv
     assert sep == "--", "usage: python -m tests.faults POINT -- ARGS"
     # Load the command's modules first so that their imported names can be patched.
-    import pairforge.stages.embed  # noqa: F401
-    import pairforge.stages.ingest  # noqa: F401
-    import pairforge.stages.mine  # noqa: F401
-    import pairforge.stages.sample  # noqa: F401
-    from pairforge.pipeline.cli import app
+    import pairforge.stages.embed.stage  # noqa: F401
+    import pairforge.stages.ingest.stage  # noqa: F401
+    import pairforge.stages.mine.stage  # noqa: F401
+    import pairforge.stages.sample.stage  # noqa: F401
+    from pairforge.stages.cli import app
 
     install(point)
     app(args, prog_name="pairforge")

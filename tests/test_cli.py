@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import yaml
-from pairforge.pipeline.cli import app
-from pairforge.pipeline.profiles import available, preset_path, validate_params
 from pairforge.stages import config_models
-from pairforge.stages.ingest import IngestConfig
+from pairforge.stages.cli import app
+from pairforge.stages.ingest.stage import IngestConfig
+from pairforge.stages.profile import available, preset_path, validate_params
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli
@@ -116,4 +116,4 @@ def test_dvc_stages_read_only_keys_of_their_own_params_section():
         assert spec["cmd"].split()[:2] == ["pairforge", stage]
         assert spec["params"], stage
         assert all(str(key).startswith(f"{stage}.") for key in spec["params"]), spec["params"]
-        assert f"stages/{stage}.py" in spec["deps"]
+        assert f"stages/{stage}/stage.py" in spec["deps"]

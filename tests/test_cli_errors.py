@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import yaml
-from pairforge.pipeline.cli import app
-from pairforge.pipeline.profiles import preset_path
+from pairforge.stages.cli import app
+from pairforge.stages.profile import preset_path
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli

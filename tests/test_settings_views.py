@@ -11,17 +11,17 @@ import dataclasses
 import pytest
 from pairforge.pipeline.config import validate_section
 from pairforge.pipeline.errors import ConfigError
-from pairforge.stages import train as T
-from pairforge.stages.augment.llm import ChatSettings
-from pairforge.stages.augment.noise import NoiseSettings
-from pairforge.stages.backtranslate import NoiseConfig
-from pairforge.stages.mine import MineConfig
-from pairforge.stages.mining.sampling import DrawParams
-from pairforge.stages.mining.searcher import IndexSettings
-from pairforge.stages.pretrain import PretrainConfig
-from pairforge.stages.rewrite import RewriteConfig
-from pairforge.stages.sample import SampleConfig
-from pairforge.train.infocse_pretrain import PretrainSettings
+from pairforge.stages.backtranslate.noise import NoiseSettings
+from pairforge.stages.backtranslate.stage import NoiseConfig
+from pairforge.stages.mine.searcher import IndexSettings
+from pairforge.stages.mine.stage import MineConfig
+from pairforge.stages.pretrain.infocse import PretrainSettings
+from pairforge.stages.pretrain.stage import PretrainConfig
+from pairforge.stages.rewrite.llm import ChatSettings
+from pairforge.stages.rewrite.stage import RewriteConfig
+from pairforge.stages.sample.sampling import DrawParams
+from pairforge.stages.sample.stage import SampleConfig
+from pairforge.stages.train import stage as T
 from pairforge.train.loop import TrainSettings
 
 # view -> (its config, the fields the caller resolves instead of copying)

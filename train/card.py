@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pairforge.pipeline.models import EXPORT_INFO, hub_id, model_label, resolve_model
 from pairforge.pipeline.shards import atomic_write_bytes
-from pairforge.train.sts import LABELS
+from pairforge.pipeline.sts import LABELS
 
 CARD = "README.md"
 UNKNOWN_LICENSE = "unknown"  # a Hub licence identifier: the base model's licence was not found
@@ -46,7 +46,7 @@ POOLING_WORDS = {
 # The settings the card's recipe table shows, in this order: what a reader needs to reproduce
 # the run (the recipe's keys without the dev-evaluation ones, plus precision and seed). A choice
 # of display, not a declaration: the keys and their defaults are train's config
-# (stages/train.py); every setting of the run is in pairforge.json.
+# (stages/train/stage.py); every setting of the run is in pairforge.json.
 CARD_SETTINGS = (
     "batch_size",
     "lr",
@@ -415,7 +415,7 @@ def write_model_card(
 def dataset_card_link(data: str | Path, model_folder: str | Path) -> str | None:
     """A relative link from the model folder to the pairs dataset's card, when it has one."""
     # The sample stage's card: ``_README.md`` beside the shards, or ``README.md`` once renamed
-    # for the Hub (stages/mining/card.py).
+    # for the Hub (pipeline/dataset_card.py).
     for name in ("_README.md", CARD):
         card = Path(data) / name
         if card.exists():

@@ -7,7 +7,7 @@ fed to 2 more Transformer layers, whose outputs predict the masked tokens throug
 
 - In joint training (:class:`AuxiliaryMLM`) the lower layers are a **frozen copy**, run without
   gradient, so the MLM gradient reaches the trained encoder only through its [CLS] vector.
-- In pre-training (``train/infocse_pretrain.py``) the lower layers are the backbone's own, and
+- In pre-training (``stages/pretrain/infocse.py``) the lower layers are the backbone's own, and
   the head is shared with the backbone's MLM loss (eq. 6).
 
 A pre-trained network is a folder (``models/infocse-aux`` in the pipeline): ``aux.safetensors``

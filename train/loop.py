@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pairforge.pipeline import sts
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.models import (
     EXPORT_INFO,
@@ -44,7 +45,6 @@ from pairforge.pipeline.models import (
 from pairforge.pipeline.progress import _fmt_duration
 from pairforge.pipeline.shards import atomic_write_json
 from pairforge.train import distributed as dist
-from pairforge.train import sts
 from pairforge.train.card import write_model_card
 from pairforge.train.checkpoint import (
     CHECKPOINTS,
@@ -72,7 +72,7 @@ Hook = Callable[["Trainer"], None]
 @dataclass(frozen=True)
 class TrainSettings:
     """Everything one training run reads: the ``train`` config's keys with the objective's recipe
-    applied (``stages/train.py``, ``settings_for``, builds it field by field by name).
+    applied (``stages/train/stage.py``, ``settings_for``, builds it field by field by name).
 
     The config (``TrainConfig``) declares every key, its validation and its default; this view
     declares none. It exists because the loop must not import the stage module, and because a run

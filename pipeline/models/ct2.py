@@ -2,7 +2,7 @@
 ``TransformersConverter`` (BERT, DistilBERT, RoBERTa and XLM-R encoders) at ``compute_type``
 (``int8`` by default: int8 weights and dynamically quantised activations), cached under
 ``models_dir`` by model, revision and quantisation as the back-translation models are
-(``stages.augment.modelfiles``). Its token states go through the same ``pooling.pool`` as the
+(``pipeline.modelfiles``). Its token states go through the same ``pooling.pool`` as the
 torch engine's, so every pooling means the same thing on both. Measured against the torch engine
 in docs/mine.md (benchmarks/embed_int8.py). It has no training mode: dropout views need torch.
 """
@@ -67,7 +67,7 @@ def load_ctranslate2(
     first use and loaded from ``models_dir`` after; a ConfigError names the spec when the model
     cannot be found or converted (an architecture CTranslate2 has no encoder for)."""
     import ctranslate2
-    from pairforge.stages.augment.modelfiles import convert_ctranslate2, resolve_translation_model
+    from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
     from transformers import AutoConfig, AutoTokenizer
 
     ref = resolve_translation_model(spec)

@@ -8,10 +8,9 @@ from typing import Literal
 
 import pytest
 import yaml
-from pairforge.pipeline import cli
 from pairforge.pipeline.cli_options import option_type, stage_command
 from pairforge.pipeline.config import StageConfig
-from pairforge.stages import STAGES, config_models
+from pairforge.stages import STAGES, cli, config_models
 from pydantic import BaseModel
 from typer.testing import CliRunner
 

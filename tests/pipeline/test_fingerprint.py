@@ -89,11 +89,11 @@ def test_the_code_hash_covers_the_declared_code_only(tmp_path, monkeypatch):
         )
     monkeypatch.setattr(stagedefs, "ROOT", tmp_path)
     base, report = stagedefs.code_hash("mine"), stagedefs.code_hash("report")
-    unrun = tmp_path / "stages/mining/diagnostics.py"
+    unrun = tmp_path / "stages/report/diagnostics.py"
     unrun.write_text(unrun.read_text() + "\n# an edit mine does not run\n")
     assert stagedefs.code_hash("mine") == base
     assert stagedefs.code_hash("report") != report
-    run = tmp_path / "stages/mining/pools.py"
+    run = tmp_path / "pipeline/pools.py"
     run.write_text(run.read_text() + "\n# an edit mine runs\n")
     assert stagedefs.code_hash("mine") != base
 

@@ -152,7 +152,7 @@ def test_runner_verifies_its_input_shards(tmp_path):
 
 
 def test_embeddings_row_groups_are_verified(tmp_path):
-    from pairforge.stages.mining.inputs import iter_vectors, open_embeddings
+    from pairforge.pipeline.mining_inputs import iter_vectors, open_embeddings
 
     write(tmp_path / "emb", EMB16)
     _flip(tmp_path / "emb" / "data/part-00001.parquet")

@@ -21,7 +21,7 @@ from pairforge.pipeline.shards import DatasetWriter, open_dataset, run_info_path
 from pairforge.pipeline.verify import verify_dataset
 
 from tests.conftest import ROOT, run_cli
-from tests.stages.test_ingest_resume import make_project
+from tests.stages.ingest.test_resume import make_project
 
 
 def _dead_pid() -> int:
@@ -115,7 +115,7 @@ def test_two_concurrent_ingest_runs(tmp_path):
     the first then finishes clean: complete datasets, no `_progress/`, no lock left."""
     make_project(tmp_path)
     first = subprocess.Popen(
-        [sys.executable, "-m", "pairforge.pipeline.cli", "ingest", "--no-progress"],
+        [sys.executable, "-m", "pairforge.stages.cli", "ingest", "--no-progress"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1"},
         stdout=subprocess.DEVNULL,

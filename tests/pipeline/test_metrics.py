@@ -72,7 +72,7 @@ def test_dvc_yaml_declares_the_headlines_as_metrics_and_the_full_files_as_output
 
 def test_a_stage_writes_its_headline(tmp_path):
     from pairforge.pipeline.runner import LocalExecutor
-    from pairforge.stages.ingest import IngestConfig, run
+    from pairforge.stages.ingest.stage import IngestConfig, run
 
     (tmp_path / "a.txt").write_text("one two three four five\n\nsix seven eight nine ten\n")
     cfg = IngestConfig(

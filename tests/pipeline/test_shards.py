@@ -75,7 +75,7 @@ def test_other_tools_read_the_shards(tmp_path):
     """``data/`` holds only Parquet: every folder reader reads it; the dataset folder itself
     (manifest, card) loads with ``datasets.load_dataset`` as a Hub dataset does."""
     import datasets
-    from pairforge.stages.mining.card import CARD, front_matter
+    from pairforge.pipeline.dataset_card import CARD, front_matter
 
     write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
     folder, data = tmp_path / "ds", tmp_path / "ds" / "data"

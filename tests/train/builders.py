@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.shards import DatasetWriter
-from pairforge.train.sts import STS_SUBSETS
+from pairforge.pipeline.sts import STS_SUBSETS
 
 PAIRS_COLUMNS = {
     S.TEXT: pa.string(),

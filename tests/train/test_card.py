@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 from pairforge.pipeline.models import SentenceEncoder
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train.card import read_front_matter, write_model_card
 from pairforge.train.export import export_model
 from transformers import AutoModel

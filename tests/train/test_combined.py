@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from pairforge.pipeline.errors import ConfigError
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train.objectives import columns, trainable_parameters
 from pairforge.train.objectives.combined import Combined, combined_loss
 from pairforge.train.objectives.debcse import debcse_loss
@@ -184,7 +184,7 @@ def test_combined_trains_through_the_trainer_from_its_recipe(
 
 def test_the_profiles_hold_a_combined_recipe_beside_its_parts():
     import yaml
-    from pairforge.pipeline.profiles import preset_path
+    from pairforge.stages.profile import preset_path
 
     for profile in ("demo", "paper"):
         cfg = T.TrainConfig(**yaml.safe_load(preset_path(profile).read_text())["train"])

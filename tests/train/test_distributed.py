@@ -144,7 +144,7 @@ def test_torchrun_with_two_cpu_processes_trains_like_one(
     import subprocess
     import sys
 
-    from pairforge.stages import train as T
+    from pairforge.stages.train import stage as T
     from safetensors.torch import load_file
 
     from tests.conftest import ROOT

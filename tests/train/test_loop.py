@@ -12,7 +12,7 @@ import yaml
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.models import load_sentence_encoder
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 
 from tests.train.builders import pairs_rows, write_pairs
 
@@ -91,7 +91,7 @@ def test_dev_evaluation_keeps_the_best_and_a_rerun_is_a_no_op(
     info = json.loads((model / "pairforge.json").read_text())
     assert info["step"] == best["step"] and info["dev"]["score"] == best["score"]
     # The exported best model scores on the dev sets what the trainer measured.
-    from pairforge.train import sts
+    from pairforge.pipeline import sts
 
     embedder, _ = load_sentence_encoder(str(model))
     again = sts.evaluate(embedder, sts_dir, ["stsb_dev", "sickr_dev"], align_uniform=False)
@@ -160,7 +160,7 @@ def test_recipes_override_shared_keys_and_the_command_line_beats_both():
 
 
 def test_the_paper_profile_holds_each_papers_settings():
-    from pairforge.pipeline.profiles import preset_path
+    from pairforge.stages.profile import preset_path
 
     paper = T.TrainConfig(**yaml.safe_load(preset_path("paper").read_text())["train"])
     simcse, debcse = T.settings_for(paper, "simcse"), T.settings_for(paper, "debcse")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from pairforge.pipeline.models import SentenceEncoder, load_sentence_encoder
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train.loop import start_model_vectors
 from pairforge.train.objectives import OBJECTIVES
 from pairforge.train.objectives.base import BuildContext, choose_pooling, pool_features

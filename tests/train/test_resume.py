@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from safetensors.torch import load_file
 
 from tests.conftest import ROOT

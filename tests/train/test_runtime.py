@@ -8,7 +8,7 @@ import resource
 
 import pytest
 import torch
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train import loop, runtime
 from safetensors.torch import load_file
 

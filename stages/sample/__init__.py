@@ -1,0 +1,2 @@
+"""sample: DebCSE inverse-propensity-weighted sampling of positives and negatives ->
+``data/pairs``."""

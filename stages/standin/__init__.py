@@ -1,0 +1,1 @@
+"""standin: build the tiny stand-in translation models the offline demo back-translates with."""

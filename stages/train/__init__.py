@@ -1,0 +1,1 @@
+"""train: the pairs dataset -> one trained sentence encoder per objective (``models/<objective>``)."""
