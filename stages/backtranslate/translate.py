@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.cache import cache_key
@@ -149,84 +151,162 @@ def backtranslate_shard(
     ids = table[S.ID].to_pylist()
     texts = table[S.TEXT].to_pylist()
     counts: Counter = Counter(sentences=len(ids))
-    cols: dict[str, list] = {
-        name: []
-        for name in (S.ID, S.CANDIDATE_ID, S.TEXT, S.ROUTE, S.DECODING, S.NOISE, S.NOISED_TEXT)
-    }
-    cols[S.PIVOT] = []
-    cols[S.MODEL] = []
-    sources: list[str] = []
+    passes = _Passes(pool, cache, lengths, batching, seed, progress)
+    rows = _Rows()
     for route in routes:
-        variants: list[list[tuple[str, str]]] = []
-        for sid, text in zip(ids, texts, strict=True):
-            if route.noise:
-                found, collisions = noise_variants(sid, text, _route_noise(noise, route.name))
-                counts["noise.collisions"] += collisions
-            else:
-                found = [("none", text)]
-            variants.append(found)
-            for label, _ in found:
-                counts[f"noise.{noise_kind(label)}"] += 1
-        noised = [nt for found in variants for _, nt in found]
-        pivots, c = translate_texts(
-            pool.get(route.forward),
-            noised,
-            route.pivot_decoding,
-            lengths,
-            batching,
-            cache,
-            seed,
-            f"backtranslate/{route.name}/forward",
-            progress,
+        variants = _variants(ids, texts, route, noise, counts)
+        pivot_of, back = _round_trip(route, variants, passes, counts)
+        added = _add_candidates(rows, route, ids, texts, variants, pivot_of, back)
+        counts[f"{route.name}.candidates"] += added
+    out, identical = _candidates_table(rows, pool.settings.engine)
+    _count_candidates(counts, routes, rows, identical)
+    return ShardResult({"candidates": out}, {k: int(v) for k, v in counts.items()})
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """What every translation pass of one shard shares: the translators, the cache, the limits,
+    the batching, the seed and whether to show progress."""
+
+    pool: TranslatorPool
+    cache: Any
+    lengths: Lengths
+    batching: Batching
+    seed: int
+    progress: bool
+
+    def __call__(
+        self, spec: str, texts: list[str], decoding: Decoding, label: str
+    ) -> tuple[dict[str, list[str]], Counter]:
+        """``translate_texts`` of ``texts`` by the translator of model ``spec``."""
+        return translate_texts(
+            self.pool.get(spec),
+            texts,
+            decoding,
+            self.lengths,
+            self.batching,
+            self.cache,
+            self.seed,
+            label,
+            self.progress,
         )
-        _add(counts, f"{route.name}.forward", c)
-        pivot_of = {nt: outs[0] for nt, outs in pivots.items()}
-        prefix = (
-            "" if route.pivot_decoding.strategy == "greedy" else route.pivot_decoding.label() + ">"
+
+
+# The columns a candidate row is built with; engine and the quality signals are added per table.
+_ROW_COLUMNS = (
+    S.ID,
+    S.CANDIDATE_ID,
+    S.TEXT,
+    S.ROUTE,
+    S.DECODING,
+    S.NOISE,
+    S.NOISED_TEXT,
+    S.PIVOT,
+    S.MODEL,
+)
+
+
+@dataclass
+class _Rows:
+    """The candidate rows of a shard so far, column by column (``cols``, by schema name), and
+    each row's source sentence (``sources``, what the quality signals compare a candidate to)."""
+
+    cols: dict[str, list] = field(default_factory=lambda: {name: [] for name in _ROW_COLUMNS})
+    sources: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.cols[S.ID])
+
+
+def _variants(
+    ids: list[str], texts: list[str], route: RoutePlan, noise: NoiseSettings, counts: Counter
+) -> list[list[tuple[str, str]]]:
+    """Per sentence, its ``[(noise label, noised text), ...]`` on ``route``: the sentence alone
+    (label ``none``) unless the route asks for noise. Adds ``noise.collisions`` (noised routes)
+    and ``noise.<kind>`` per variant to ``counts``."""
+    variants: list[list[tuple[str, str]]] = []
+    for sid, text in zip(ids, texts, strict=True):
+        if route.noise:
+            found, collisions = noise_variants(sid, text, _route_noise(noise, route.name))
+            counts["noise.collisions"] += collisions
+        else:
+            found = [("none", text)]
+        variants.append(found)
+        for label, _ in found:
+            counts[f"noise.{noise_kind(label)}"] += 1
+    return variants
+
+
+def _round_trip(
+    route: RoutePlan, variants: list[list[tuple[str, str]]], passes: _Passes, counts: Counter
+) -> tuple[dict[str, str], list[dict[str, list[str]]]]:
+    """``(pivot_of, back)``: the pivot of every distinct noised text (one forward pass), and per
+    backward decoding of the route, in order, ``{pivot: [candidates]}`` (one backward pass each,
+    all over the same pivots). Adds ``<route>.<forward|backward>.*`` to ``counts``."""
+    noised = [nt for found in variants for _, nt in found]
+    pivots, c = passes(
+        route.forward, noised, route.pivot_decoding, f"backtranslate/{route.name}/forward"
+    )
+    _add(counts, f"{route.name}.forward", c)
+    pivot_of = {nt: outs[0] for nt, outs in pivots.items()}
+    back: list[dict[str, list[str]]] = []
+    for decoding in route.decodings:
+        outs, c = passes(
+            route.backward,
+            list(pivot_of.values()),
+            decoding,
+            f"backtranslate/{route.name}/backward",
         )
-        back: list[dict[str, list[str]]] = []
-        for decoding in route.decodings:
-            outs, c = translate_texts(
-                pool.get(route.backward),
-                list(pivot_of.values()),
-                decoding,
-                lengths,
-                batching,
-                cache,
-                seed,
-                f"backtranslate/{route.name}/backward",
-                progress,
-            )
-            _add(counts, f"{route.name}.backward", c)
-            back.append(outs)
-        n_before = len(cols[S.ID])
-        for sid, text, found in zip(ids, texts, variants, strict=True):
-            for noise_label, noised_text in found:
-                pivot = pivot_of[noised_text]
-                for decoding, outs in zip(route.decodings, back, strict=True):
-                    for index, (dec_label, candidate) in enumerate(
-                        zip(decoding.candidate_labels(), outs[pivot], strict=True)
-                    ):
-                        dec_label = prefix + dec_label
-                        cols[S.ID].append(sid)
-                        cols[S.CANDIDATE_ID].append(
-                            candidate_id(
-                                sid, route.name, route.model, dec_label, noise_label, index
-                            )
-                        )
-                        cols[S.TEXT].append(candidate)
-                        cols[S.ROUTE].append(route.name)
-                        cols[S.MODEL].append(route.model)
-                        cols[S.DECODING].append(dec_label)
-                        cols[S.NOISE].append(noise_label)
-                        cols[S.NOISED_TEXT].append(noised_text)
-                        cols[S.PIVOT].append(pivot)
-                        sources.append(text)
-        counts[f"{route.name}.candidates"] += len(cols[S.ID]) - n_before
-    identical, length_ratio, edit_ratio = quality_signals(sources, cols[S.TEXT])
-    n = len(cols[S.ID])
-    engine = pool.settings.engine
-    out = pa.table(
+        _add(counts, f"{route.name}.backward", c)
+        back.append(outs)
+    return pivot_of, back
+
+
+def _add_candidates(
+    rows: _Rows,
+    route: RoutePlan,
+    ids: list[str],
+    texts: list[str],
+    variants: list[list[tuple[str, str]]],
+    pivot_of: dict[str, str],
+    back: list[dict[str, list[str]]],
+) -> int:
+    """Append to ``rows`` one row per (sentence, variant, backward decoding, candidate index),
+    in that order, and return how many. A row's decoding label is prefixed with the pivot
+    decoding's label and ``>`` when the forward leg is not greedy."""
+    prefix = "" if route.pivot_decoding.strategy == "greedy" else route.pivot_decoding.label() + ">"
+    cols = rows.cols
+    n_before = len(rows)
+    for sid, text, found in zip(ids, texts, variants, strict=True):
+        for noise_label, noised_text in found:
+            pivot = pivot_of[noised_text]
+            for decoding, outs in zip(route.decodings, back, strict=True):
+                for index, (dec_label, candidate) in enumerate(
+                    zip(decoding.candidate_labels(), outs[pivot], strict=True)
+                ):
+                    dec_label = prefix + dec_label
+                    cols[S.ID].append(sid)
+                    cols[S.CANDIDATE_ID].append(
+                        candidate_id(sid, route.name, route.model, dec_label, noise_label, index)
+                    )
+                    cols[S.TEXT].append(candidate)
+                    cols[S.ROUTE].append(route.name)
+                    cols[S.MODEL].append(route.model)
+                    cols[S.DECODING].append(dec_label)
+                    cols[S.NOISE].append(noise_label)
+                    cols[S.NOISED_TEXT].append(noised_text)
+                    cols[S.PIVOT].append(pivot)
+                    rows.sources.append(text)
+    return len(rows) - n_before
+
+
+def _candidates_table(rows: _Rows, engine: str) -> tuple[pa.Table, np.ndarray]:
+    """``(table, identical)``: ``rows`` as a CANDIDATES table with its quality signals scored
+    against each row's source, and the ``identical`` flags (bool, one per row)."""
+    cols = rows.cols
+    identical, length_ratio, edit_ratio = quality_signals(rows.sources, cols[S.TEXT])
+    n = len(rows)
+    table = pa.table(
         {
             S.ID: pa.array(cols[S.ID], pa.string()),
             S.CANDIDATE_ID: pa.array(cols[S.CANDIDATE_ID], pa.string()),
@@ -243,13 +323,21 @@ def backtranslate_shard(
             S.EDIT_RATIO: pa.array(edit_ratio, pa.float32()),
         }
     )
+    return table, identical
+
+
+def _count_candidates(
+    counts: Counter, routes: tuple[RoutePlan, ...], rows: _Rows, identical: np.ndarray
+) -> None:
+    """Set ``candidates``, ``identical``, ``empty`` (blank text) and ``<route>.identical``."""
+    cols = rows.cols
+    n = len(rows)
     counts["candidates"] = n
     counts["identical"] = int(identical.sum())
     counts["empty"] = sum(1 for t in cols[S.TEXT] if not t.strip())
     for route in routes:
         mask = [r == route.name for r in cols[S.ROUTE]]
         counts[f"{route.name}.identical"] = int(identical[mask].sum()) if n else 0
-    return ShardResult({"candidates": out}, {k: int(v) for k, v in counts.items()})
 
 
 def _route_noise(noise: NoiseSettings, route: str) -> NoiseSettings:
