@@ -19,7 +19,13 @@ from pairforge.pipeline.cache import cache_key
 from pairforge.pipeline.candidate_quality import candidate_id, quality_signals
 from pairforge.pipeline.progress import Progress
 from pairforge.pipeline.runner import ShardResult
-from pairforge.stages.rewrite.llm import ChatClient, Reply, Validation, validate_rewrite
+from pairforge.stages.rewrite.llm import (
+    ChatClient,
+    ChatSettings,
+    Reply,
+    Validation,
+    validate_rewrite,
+)
 
 ROUTE = "llm"
 ENGINE = "openai"
@@ -44,13 +50,25 @@ def rewrite_shard(
     ``retries.<kind>``, ``cache_hits``, ``tokens.prompt``/``tokens.completion`` (answers received
     now) and ``cached_tokens.prompt``/``cached_tokens.completion`` (answers from the cache)."""
     S.SENTENCES.check_table(table, "sentences shard")
-    ids = table[S.ID].to_pylist()
-    texts = table[S.TEXT].to_pylist()
-    sources = table[S.SOURCE].to_pylist()
-    lines = table[S.LINE].to_pylist()
-    counts: Counter = Counter(rows=len(ids))
-    unique = list(dict.fromkeys(texts))
+    counts: Counter = Counter(rows=table.num_rows)
+    unique = list(dict.fromkeys(table[S.TEXT].to_pylist()))
     keys = {t: _request_key(client, t) for t in unique}
+    answers = _cached_answers(unique, keys, cache, counts)
+    todo = [t for t in unique if t not in answers]
+    answers.update(_ask_all(todo, keys, client, cache, counts, progress))
+    good, bad = _sort_rows(table, answers, validation, counts)
+    counts["rewritten"] = len(good["id"])
+    return ShardResult(
+        {"rewrites": _rewrites_table(good, client.settings), "rejected": _rejected_table(bad)},
+        {k: int(v) for k, v in counts.items()},
+    )
+
+
+def _cached_answers(
+    unique: list[str], keys: dict[str, str], cache, counts: Counter
+) -> dict[str, Reply]:
+    """``{text: reply}`` for the texts whose answer is in ``cache`` (under ``keys[text]``).
+    Adds ``cache_hits`` and ``cached_tokens.<prompt|completion>`` to ``counts``."""
     cached = cache.get_many(keys.values()) if unique else {}
     answers: dict[str, Reply] = {}
     for t in unique:
@@ -60,7 +78,22 @@ def rewrite_shard(
             counts["cache_hits"] += 1
             counts["cached_tokens.prompt"] += hit["prompt_tokens"]
             counts["cached_tokens.completion"] += hit["completion_tokens"]
-    todo = [t for t in unique if t not in answers]
+    return answers
+
+
+def _ask_all(
+    todo: list[str],
+    keys: dict[str, str],
+    client: ChatClient,
+    cache,
+    counts: Counter,
+    progress: bool,
+) -> dict[str, Reply]:
+    """``{text: reply}`` for every text of ``todo``, asked ``client.settings.concurrency`` at a
+    time. Each answer is put in ``cache`` as soon as it arrives (a failed request is not), so
+    an interrupted shard sends it no more. Adds ``requests``, ``retries.<kind>`` and
+    ``tokens.<prompt|completion>`` to ``counts``, in ``todo`` order."""
+    answers: dict[str, Reply] = {}
     bar = Progress(
         "rewrite/requests", total=len(todo), unit="sentences", enabled=progress and bool(todo)
     )
@@ -91,18 +124,33 @@ def rewrite_shard(
                     counts["tokens.completion"] += reply.completion_tokens
                 bar.advance(done=1, rows=1)
     bar.close()
+    return answers
 
+
+def _verdict(text: str, reply: Reply, validation: Validation) -> tuple[str, str | None, str | None]:
+    """``(cleaned answer, reason or None, detail)`` of one row: a failed request's kind
+    (``request_failed`` when it has none) and error, or ``validate_rewrite``'s verdict and the
+    answer's first 300 characters. The cleaned answer is empty for a failed request."""
+    if reply.text is None:
+        return "", reply.kind or "request_failed", reply.error
+    cleaned, reason = validate_rewrite(text, reply.text, validation)
+    return cleaned, reason, f"answer: {reply.text[:300]!r}"
+
+
+def _sort_rows(
+    table: pa.Table, answers: dict[str, Reply], validation: Validation, counts: Counter
+) -> tuple[dict[str, list], dict[str, list]]:
+    """``(good, bad)`` columns, in row order: ``good`` (``id``, ``text`` the cleaned rewrite,
+    ``source_text``) for rows whose answer passes, ``bad`` (QUARANTINE's columns, lower case:
+    ``reason``, ``source``, ``line``, ``text`` cut to PREVIEW_CHARS, ``n_bytes``, ``detail``)
+    for the rest. Adds ``rejected.<reason>`` to ``counts``."""
     good: dict[str, list] = {k: [] for k in ("id", "text", "source_text")}
     bad: dict[str, list] = {
         k: [] for k in ("reason", "source", "line", "text", "n_bytes", "detail")
     }
-    for sid, text, source, line in zip(ids, texts, sources, lines, strict=True):
-        reply = answers[text]
-        if reply.text is None:
-            reason, detail = reply.kind or "request_failed", reply.error
-        else:
-            cleaned, reason = validate_rewrite(text, reply.text, validation)
-            detail = f"answer: {reply.text[:300]!r}"
+    columns = (table[c].to_pylist() for c in (S.ID, S.TEXT, S.SOURCE, S.LINE))
+    for sid, text, source, line in zip(*columns, strict=True):
+        cleaned, reason, detail = _verdict(text, answers[text], validation)
         if reason is None:
             good["id"].append(sid)
             good["text"].append(cleaned)
@@ -115,12 +163,17 @@ def rewrite_shard(
         bad["text"].append(text[:PREVIEW_CHARS])
         bad["n_bytes"].append(len(text.encode()))
         bad["detail"].append(f"id={sid}; {detail}")
-    counts["rewritten"] = len(good["id"])
-    settings = client.settings
+    return good, bad
+
+
+def _rewrites_table(good: dict[str, list], settings: ChatSettings) -> pa.Table:
+    """The passing rows as a CANDIDATES table: route ``llm``, engine ``openai``, the chat
+    settings' model and decoding label, no noise, no pivot, quality signals scored against
+    the source sentence."""
     decoding = settings.decoding_label()
     identical, length_ratio, edit_ratio = quality_signals(good["source_text"], good["text"])
     n = len(good["id"])
-    rewrites = pa.table(
+    return pa.table(
         {
             S.ID: pa.array(good["id"], pa.string()),
             S.CANDIDATE_ID: pa.array(
@@ -140,7 +193,11 @@ def rewrite_shard(
             S.EDIT_RATIO: pa.array(edit_ratio, pa.float32()),
         }
     )
-    rejected = pa.table(
+
+
+def _rejected_table(bad: dict[str, list]) -> pa.Table:
+    """The rejected rows as a QUARANTINE table."""
+    return pa.table(
         {
             S.REASON: pa.array(bad["reason"], pa.string()),
             S.SOURCE: pa.array(bad["source"], pa.string()),
@@ -149,7 +206,4 @@ def rewrite_shard(
             S.N_BYTES: pa.array(bad["n_bytes"], pa.int64()),
             S.DETAIL: pa.array(bad["detail"], pa.string()),
         }
-    )
-    return ShardResult(
-        {"rewrites": rewrites, "rejected": rejected}, {k: int(v) for k, v in counts.items()}
     )
