@@ -166,14 +166,33 @@ def build_model(
     ``neighbours``: piece id -> ``[(substitute id, weight), ...]`` (:func:`table_substitutes`);
     empty: an exact copier."""
     import torch
-    from transformers import MarianConfig, MarianMTModel
+    from transformers import MarianMTModel
 
     if d_model < 192 or d_model % heads:
         raise ValueError("d_model must be >= 192 and divisible by heads")
-    size = len(vocab)
+    # One seed, drawn in a fixed order (initial weights, token vectors, substitutions): the
+    # model files are the same bytes on every run, and backtranslate's cache keys hold.
+    torch.manual_seed(seed)
+    model = MarianMTModel(_marian_config(vocab, d_model, heads)).eval()
+    gen = torch.Generator().manual_seed(seed)
+    match, zero = _position_match(d_model)
+    emb = _token_embeddings(len(vocab), d_model, match, zero, vocab["<pad>"], gen)
+    mix = _substitution_mix(len(vocab), neighbours, substitute_rate, gen)
+    with torch.no_grad():
+        _set_embeddings(model, emb, sharpness / TOKEN_NORM**2 * mix @ emb)
+        _zero_blocks(model)
+        _set_copy_attention(model.model.decoder.layers[0].encoder_attn, match, zero, heads)
+    return model
+
+
+def _marian_config(vocab: dict[str, int], d_model: int, heads: int):
+    """The stand-in's ``MarianConfig``: one encoder and one decoder layer of ``d_model`` with
+    ``heads`` heads, untied output projection, no dropout, Marian's ``<pad>`` start token."""
+    from transformers import MarianConfig
+
     pad = vocab["<pad>"]
-    config = MarianConfig(
-        vocab_size=size,
+    return MarianConfig(
+        vocab_size=len(vocab),
         d_model=d_model,
         encoder_layers=1,
         decoder_layers=1,
@@ -191,11 +210,21 @@ def build_model(
         attention_dropout=0.0,
         activation_dropout=0.0,
     )
-    torch.manual_seed(seed)
-    model = MarianMTModel(config).eval()
-    gen = torch.Generator().manual_seed(seed)
+
+
+def _position_match(d_model: int) -> tuple[list[int], int]:
+    """The dimensions of the sinusoidal position code that the position match reads (the sin
+    and cos of :data:`POSITION_FREQUENCIES`), and ``zero``: the sin of the lowest frequency."""
     match = [*POSITION_FREQUENCIES, *(d_model // 2 + k for k in POSITION_FREQUENCIES)]
     zero = d_model // 2 - 1  # sin of the lowest frequency: ~0 for every position used
+    return match, zero
+
+
+def _token_embeddings(size: int, d_model: int, match: list[int], zero: int, pad: int, gen):
+    """``(size, d_model)`` token embeddings: seeded random vectors of norm :data:`TOKEN_NORM`
+    and zero mean, in the dimensions outside ``match`` and ``zero``; ``pad``'s row is zero."""
+    import torch
+
     token_dims = [i for i in range(d_model) if i not in set(match) and i != zero]
     vectors = torch.randn(size, len(token_dims), generator=gen)
     vectors -= vectors.mean(1, keepdim=True)  # LayerNorm's mean shift then cancels in logits
@@ -203,7 +232,19 @@ def build_model(
     emb = torch.zeros(size, d_model)
     emb[:, token_dims] = vectors
     emb[pad] = 0.0  # Marian (and CTranslate2) start the decoder from a zero embedding
-    mix = torch.eye(size)  # mix[out, in]: weight of output token `out` when copying `in`
+    return emb
+
+
+def _substitution_mix(
+    size: int, neighbours: dict[int, list[tuple[int, float]]], substitute_rate: float, gen
+):
+    """``(size, size)`` output mix, ``mix[out, in]``: the weight of output token ``out`` when
+    copying ``in``. The identity, except for the words of ``neighbours``: a seeded
+    ``substitute_rate`` share of them puts its first substitute first under greedy decoding, the
+    others keep the word first and their substitutes as samples. Every column sums to 1."""
+    import torch
+
+    mix = torch.eye(size)
     for index, found in neighbours.items():
         substitute = torch.rand(1, generator=gen).item() < substitute_rate
         weights = torch.tensor([w for _, w in found])
@@ -220,33 +261,51 @@ def build_model(
             share = 0.35 * weights / weights.sum()
         for (other, _), weight in zip(found, share, strict=True):
             mix[other, index] += float(weight)
+    return mix
+
+
+def _set_embeddings(model, emb, lm_head) -> None:
+    """Copy ``emb`` into the shared, encoder and decoder token tables and ``lm_head`` into the
+    output projection (its bias zero). Under ``torch.no_grad()``."""
+    for table in (
+        model.model.shared,
+        model.model.encoder.embed_tokens,
+        model.model.decoder.embed_tokens,
+    ):
+        table.weight.copy_(emb)
+    model.lm_head.weight.copy_(lm_head)
+    model.final_logits_bias.zero_()
+
+
+def _zero_blocks(model) -> None:
+    """Zero every layer's self-attention output and feed-forward output, so that the residual
+    stream carries only the embeddings and the cross-attention. Under ``torch.no_grad()``."""
+    for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
+        for block in (layer.self_attn.out_proj, layer.fc2):
+            block.weight.zero_()
+            block.bias.zero_()
+
+
+def _set_copy_attention(cross, match: list[int], zero: int, heads: int) -> None:
+    """Make the decoder's cross-attention ``cross`` read the source token at its own position:
+    query and key compare the ``match`` dimensions of the position code (less ``zero``, which
+    cancels LayerNorm's mean shift), scaled by :data:`QUERY_GAIN`; the value path carries the
+    token, :data:`VALUE_GAIN` times. Under ``torch.no_grad()``."""
+    import torch
+
+    d_model = cross.q_proj.weight.shape[1]
     heads_dim = d_model // heads
-    with torch.no_grad():
-        for table in (
-            model.model.shared,
-            model.model.encoder.embed_tokens,
-            model.model.decoder.embed_tokens,
-        ):
-            table.weight.copy_(emb)
-        model.lm_head.weight.copy_(sharpness / TOKEN_NORM**2 * mix @ emb)
-        model.final_logits_bias.zero_()
-        for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
-            for block in (layer.self_attn.out_proj, layer.fc2):
-                block.weight.zero_()
-                block.bias.zero_()
-        cross = model.model.decoder.layers[0].encoder_attn
-        for proj in (cross.q_proj, cross.k_proj, cross.v_proj, cross.out_proj):
-            proj.weight.zero_()
-            proj.bias.zero_()
-        for h in range(heads):
-            for i, dim in enumerate(match):
-                cross.q_proj.weight[h * heads_dim + i, dim] = QUERY_GAIN
-                cross.q_proj.weight[h * heads_dim + i, zero] = -QUERY_GAIN
-                cross.k_proj.weight[h * heads_dim + i, dim] = 1.0
-                cross.k_proj.weight[h * heads_dim + i, zero] = -1.0
-        cross.v_proj.weight.copy_(torch.eye(d_model))
-        cross.out_proj.weight.copy_(VALUE_GAIN * torch.eye(d_model))
-    return model
+    for proj in (cross.q_proj, cross.k_proj, cross.v_proj, cross.out_proj):
+        proj.weight.zero_()
+        proj.bias.zero_()
+    for h in range(heads):
+        for i, dim in enumerate(match):
+            cross.q_proj.weight[h * heads_dim + i, dim] = QUERY_GAIN
+            cross.q_proj.weight[h * heads_dim + i, zero] = -QUERY_GAIN
+            cross.k_proj.weight[h * heads_dim + i, dim] = 1.0
+            cross.k_proj.weight[h * heads_dim + i, zero] = -1.0
+    cross.v_proj.weight.copy_(torch.eye(d_model))
+    cross.out_proj.weight.copy_(VALUE_GAIN * torch.eye(d_model))
 
 
 def pair_seed(seed: int, pair: str) -> int:
