@@ -129,9 +129,29 @@ def build_index(
         kind = "flat" if n <= flat_max else "ivf"
     if kind not in ("flat", "ivf", "hnsw"):
         raise ValueError(f"kind must be 'auto', 'flat', 'ivf' or 'hnsw', got {kind!r}")
+    on_gpu = _on_gpu(kind, use_gpu)
+    if kind == "flat":
+        index: faiss.Index = faiss.IndexFlatIP(d)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = ef_construction
+        index.hnsw.efSearch = ef_search
+    else:
+        index = _trained_ivf(vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations)
+    index.add(vectors)
+    if on_gpu:
+        index = faiss.index_cpu_to_all_gpus(index)
+    return index
+
+
+def _on_gpu(kind: str, use_gpu: bool | Literal["auto"]) -> bool:
+    """Whether an index of ``kind`` goes to the GPUs under ``use_gpu`` (see :func:`build_index`).
+
+    Raises ValueError for a ``use_gpu`` other than True, False or "auto" and for HNSW with
+    ``use_gpu=True``; RuntimeError for ``use_gpu=True`` without a usable GPU.
+    """
     if use_gpu not in (True, False, "auto"):
         raise ValueError(f"use_gpu must be True, False or 'auto', got {use_gpu!r}")
-    on_gpu = False
     if use_gpu is True:
         if kind == "hnsw":
             raise ValueError(
@@ -142,47 +162,66 @@ def build_index(
                 "use_gpu=True but this faiss build has no GPU support or no GPU is visible "
                 "(install faiss-gpu, or pass use_gpu='auto' to fall back to CPU)"
             )
-        on_gpu = True
-    elif use_gpu == "auto":
-        on_gpu = kind != "hnsw" and gpu_available()
+        return True
+    return use_gpu == "auto" and kind != "hnsw" and gpu_available()
 
-    if kind == "flat":
-        index: faiss.Index = faiss.IndexFlatIP(d)
-    elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = ef_construction
-        index.hnsw.efSearch = ef_search
+
+def _ivf_settings(
+    n: int,
+    nlist: int | None,
+    nprobe: int | None,
+    train_size: int | None,
+    ivf_codec: str,
+    train_iterations: int,
+) -> tuple[int, int, int]:
+    """``(nlist, nprobe, train_size)`` for ``n`` vectors, defaults filled as :func:`build_index`
+    says; ValueError naming the first setting out of range."""
+    nlist = _default_nlist(n) if nlist is None else nlist
+    if not 1 <= nlist <= n:
+        raise ValueError(f"nlist must lie in [1, n={n}], got {nlist}")
+    nprobe = min(nlist, max(8, nlist // 32)) if nprobe is None else nprobe
+    if nprobe < 1:
+        raise ValueError(f"nprobe must be >= 1, got {nprobe}")
+    train_size = min(n, 64 * nlist) if train_size is None else min(n, train_size)
+    if train_size < nlist:
+        raise ValueError(
+            f"train_size={train_size} is below nlist={nlist}: k-means needs a point per cell"
+        )
+    if ivf_codec not in ("flat", "sq8"):
+        raise ValueError(f"ivf_codec must be 'flat' or 'sq8', got {ivf_codec!r}")
+    if train_iterations < 1:
+        raise ValueError(f"train_iterations must be >= 1, got {train_iterations}")
+    return nlist, nprobe, train_size
+
+
+def _trained_ivf(
+    vectors: np.ndarray,
+    nlist: int | None,
+    nprobe: int | None,
+    train_size: int | None,
+    seed: int,
+    ivf_codec: str,
+    train_iterations: int,
+) -> faiss.Index:
+    """An empty IVF index (``IndexIVFFlat``, or ``IndexIVFScalarQuantizer`` for ``sq8``) whose
+    ``nlist`` cells k-means trained on a ``seed``-drawn sample of ``train_size`` rows of
+    ``vectors``, searching ``nprobe`` cells (at most ``nlist``)."""
+    n, d = vectors.shape
+    nlist, nprobe, train_size = _ivf_settings(
+        n, nlist, nprobe, train_size, ivf_codec, train_iterations
+    )
+    quantizer = faiss.IndexFlatIP(d)
+    if ivf_codec == "sq8":
+        index = faiss.IndexIVFScalarQuantizer(
+            quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
+        )
     else:
-        nlist = _default_nlist(n) if nlist is None else nlist
-        if not 1 <= nlist <= n:
-            raise ValueError(f"nlist must lie in [1, n={n}], got {nlist}")
-        nprobe = min(nlist, max(8, nlist // 32)) if nprobe is None else nprobe
-        if nprobe < 1:
-            raise ValueError(f"nprobe must be >= 1, got {nprobe}")
-        train_size = min(n, 64 * nlist) if train_size is None else min(n, train_size)
-        if train_size < nlist:
-            raise ValueError(
-                f"train_size={train_size} is below nlist={nlist}: k-means needs a point per cell"
-            )
-        if ivf_codec not in ("flat", "sq8"):
-            raise ValueError(f"ivf_codec must be 'flat' or 'sq8', got {ivf_codec!r}")
-        if train_iterations < 1:
-            raise ValueError(f"train_iterations must be >= 1, got {train_iterations}")
-        quantizer = faiss.IndexFlatIP(d)
-        if ivf_codec == "sq8":
-            index = faiss.IndexIVFScalarQuantizer(
-                quantizer, d, nlist, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT
-            )
-        else:
-            index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.seed = seed
-        index.cp.niter = train_iterations
-        rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
-        index.train(vectors[rows])
-        index.nprobe = min(nprobe, nlist)
-    index.add(vectors)
-    if on_gpu:
-        index = faiss.index_cpu_to_all_gpus(index)
+        index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+    index.cp.seed = seed
+    index.cp.niter = train_iterations
+    rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
+    index.train(vectors[rows])
+    index.nprobe = min(nprobe, nlist)
     return index
 
 
