@@ -1,4 +1,5 @@
-"""Shared fixtures: the shared data folder, and helpers to run the CLI as users do."""
+"""Shared fixtures: the shared data folder, the tiny models, and helpers to run the CLI as users
+do."""
 
 from __future__ import annotations
 
@@ -8,6 +9,23 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Registered here, once for the whole run, so that each tiny model is built once per run
+# whatever folders are selected; no folder conftest imports them again.
+from tests.tiny_models import (  # noqa: F401
+    _tiny_mlm_once,
+    copy_marian,
+    corpus,
+    model_copy,
+    sts_dir,
+    tiny_bert,
+    tiny_encoder_dir,
+    tiny_marian,
+    tiny_mlm,
+    tiny_model_dir,
+    tiny_sentences,
+    tiny_tokenizer,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,5 +1,6 @@
-"""Fixtures of the mining stage tests: a tiny BERT built once per session, and a small project
-with sentences and candidates built once and copied by the tests that write into it."""
+"""Fixtures of the mining stage tests: one torch thread (autouse, for the folders whose conftest
+imports it), and a small project with sentences and candidates built once and copied by the tests
+that write into it. Their tiny BERT (``tiny_bert``) is in ``tests/tiny_models.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pairforge.pipeline.text import sentence_id
 from tests.stages.mining_helpers import (
     candidate_rows,
     make_texts,
-    vocabulary,
     write_candidates,
     write_sentences,
 )
@@ -27,34 +27,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory) -> Path:
-    """A 2-layer, 32-d BERT with a WordPiece vocabulary written here, saved like a hub folder."""
-    import torch
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    vocab = folder / "vocab.txt"
-    vocab.write_text("\n".join(vocabulary()) + "\n")
-    tokenizer = BertTokenizerFast.from_pretrained(str(folder))
-    assert tokenizer.unk_token_id not in tokenizer("the river .")["input_ids"]
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocabulary()),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id,
-        # Wider than BERT's 0.02, so that a random encoder still tells sentences apart.
-        initializer_range=0.1,
-    )
-    BertModel(config).eval().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """CoT-BERT: the extended InfoNCE by hand, the token-level templates, the [PAD] template
 denoising on a tiny BERT, and a short training run.
 
-The tiny tokenizer here extends the shared one (``conftest.vocabulary``) with the templates'
+The tiny tokenizer here extends the shared one (``tests.tiny_models.vocabulary``) with the templates'
 words, so no template token is [UNK]; the tiny BERT is built for it once per module.
 """
 
@@ -28,7 +28,7 @@ from pairforge.train.objectives.cotbert import (
 from pairforge.train.objectives.prompts import build_prompt_inputs
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
-from tests.train.conftest import vocabulary
+from tests.tiny_models import vocabulary
 
 R = math.sqrt(2.0)  # cos = 1/√2 divided by τ = 0.5
 TEMPLATE_WORDS = [
@@ -62,7 +62,7 @@ def _prompt_bert_once(prompt_tokenizer: BertTokenizerFast) -> BertForMaskedLM:
         intermediate_size=64,
         max_position_embeddings=96,
         pad_token_id=prompt_tokenizer.pad_token_id,
-        initializer_range=0.1,  # as conftest's tiny BERT: keeps random sentences apart
+        initializer_range=0.1,  # as tiny_models' tiny BERT: keeps random sentences apart
         # CoT-BERT's views differ by template, not by dropout; at this size dropout noise on the
         # two passes swamps the small sentence-minus-template difference the loss works on.
         hidden_dropout_prob=0.0,

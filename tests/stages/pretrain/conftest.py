@@ -1,12 +1,4 @@
-"""The fixtures of ``tests/train/conftest.py``, which the tests of this folder came from."""
+"""The autouse fixture of ``tests/train/conftest.py`` (one torch thread) for the tests of this
+folder, which came from there; their tiny models are in ``tests/tiny_models.py``."""
 
-from tests.train.conftest import (  # noqa: F401
-    _one_torch_thread,
-    _tiny_mlm_once,
-    sts_dir,
-    tiny_encoder_dir,
-    tiny_mlm,
-    tiny_model_dir,
-    tiny_sentences,
-    tiny_tokenizer,
-)
+from tests.train.conftest import _one_torch_thread  # noqa: F401

@@ -21,7 +21,7 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 from typer.testing import CliRunner
 
 from tests.conftest import run_cli
-from tests.train.conftest import SENTENCES, vocabulary
+from tests.tiny_models import SENTENCES, vocabulary
 
 runner = CliRunner()
 
