@@ -147,65 +147,18 @@ def export_model(
     module last (unit-length vectors). Replaces ``folder`` if it exists.
     """
     folder = Path(folder)
-    # Temporaries of exports killed before their rename, whatever process wrote them.
-    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    tmp.mkdir(parents=True)
+    tmp = _fresh_temporary(folder)
     encoder.save_pretrained(tmp)
     _clear_call_state(tokenizer)
     tokenizer.save_pretrained(tmp)
-    config = encoder.config
-    dim = int(config.hidden_size)
-    positions = getattr(config, "max_position_embeddings", None) or 512
     if max_seq_length is None:
-        max_seq_length = min(int(tokenizer.model_max_length), int(positions))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER}]
-    if pooling in ("cls_before_pooler", "mean", "cls"):
-        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": POOLING})
-        _write_json(tmp / "1_Pooling" / "config.json", _pooling_config(dim, pooling != "mean"))
-        if pooling == "cls":
-            _write_dense_pooler(tmp / "2_Dense", encoder)
-            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": DENSE})
-    elif pooling == "mask":
-        if prompt is None:
-            raise PairforgeError("export: mask pooling needs the prompt template")
-        added = _install_template(tmp, tokenizer, prompt)
+        max_seq_length = _model_max_length(encoder.config, tokenizer)
+    modules, added = _write_pooling(tmp, encoder, tokenizer, pooling, prompt)
+    if added is not None:  # the template's tokens come on top of the cut sentence
         max_seq_length = max_sentence_tokens + added
-        shutil.copyfile(Path(__file__).with_name("st_pooling.py"), tmp / f"{POOLING_MODULE}.py")
-        modules.append(
-            {
-                "idx": 1,
-                "name": "1",
-                "path": "1_MaskPooling",
-                "type": f"{POOLING_MODULE}.MaskPooling",
-            }
-        )
-        _write_json(
-            tmp / "1_MaskPooling" / "config.json",
-            {"mask_token_id": int(tokenizer.mask_token_id), "embedding_dimension": dim},
-        )
-    else:
-        raise PairforgeError(f"export: unknown pooling {pooling!r}")
     if normalize:
-        index = len(modules)
-        path = f"{index}_Normalize"
-        modules.append({"idx": index, "name": str(index), "path": path, "type": NORMALIZE})
-        (tmp / path).mkdir()
-    _write_json(tmp / "modules.json", modules)
-    _write_json(
-        tmp / "sentence_bert_config.json",
-        {"max_seq_length": int(max_seq_length), "do_lower_case": False},
-    )
-    _write_json(
-        tmp / "config_sentence_transformers.json",
-        {
-            "__version__": {"pytorch": torch.__version__},
-            "prompts": {},
-            "default_prompt_name": None,
-            "similarity_fn_name": "cosine",
-        },
-    )
+        modules.append(_write_normalize(tmp, len(modules)))
+    _write_sentence_transformers_configs(tmp, modules, int(max_seq_length))
     _write_json(
         tmp / EXPORT_INFO,
         {
@@ -219,11 +172,99 @@ def export_model(
         },
     )
     write_model_card(tmp, path=str(folder))
+    _move_into_place(tmp, folder)
+    return folder
+
+
+def _fresh_temporary(folder: Path) -> Path:
+    """A new empty ``.<name>.tmp-<pid>`` beside ``folder``, once the temporaries of exports
+    killed before their rename (whatever process wrote them) are gone."""
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _model_max_length(config: Any, tokenizer: Any) -> int:
+    """The tokenizer's model maximum, capped by the position embeddings (512 when the config
+    does not say)."""
+    positions = getattr(config, "max_position_embeddings", None) or 512
+    return min(int(tokenizer.model_max_length), int(positions))
+
+
+def _write_pooling(
+    tmp: Path, encoder: Any, tokenizer: Any, pooling: str, prompt: str | None
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Write the pooling modules' folders into ``tmp``; returns the ``modules.json`` entries
+    (the Transformer first, then the pooling) and, for ``mask`` pooling, the number of tokens
+    the prompt template adds (None otherwise). PairforgeError for an unknown pooling, or
+    ``mask`` without ``prompt``."""
+    dim = int(encoder.config.hidden_size)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": TRANSFORMER}]
+    if pooling in ("cls_before_pooler", "mean", "cls"):
+        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": POOLING})
+        _write_json(tmp / "1_Pooling" / "config.json", _pooling_config(dim, pooling != "mean"))
+        if pooling == "cls":
+            _write_dense_pooler(tmp / "2_Dense", encoder)
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": DENSE})
+        return modules, None
+    if pooling == "mask":
+        if prompt is None:
+            raise PairforgeError("export: mask pooling needs the prompt template")
+        added = _install_template(tmp, tokenizer, prompt)
+        modules.append(_write_mask_pooling(tmp, tokenizer, dim))
+        return modules, added
+    raise PairforgeError(f"export: unknown pooling {pooling!r}")
+
+
+def _write_mask_pooling(tmp: Path, tokenizer: Any, dim: int) -> dict[str, Any]:
+    """Put ``MaskPooling`` (its module file and ``1_MaskPooling/config.json``) into ``tmp``;
+    returns its ``modules.json`` entry."""
+    shutil.copyfile(Path(__file__).with_name("st_pooling.py"), tmp / f"{POOLING_MODULE}.py")
+    _write_json(
+        tmp / "1_MaskPooling" / "config.json",
+        {"mask_token_id": int(tokenizer.mask_token_id), "embedding_dimension": dim},
+    )
+    return {"idx": 1, "name": "1", "path": "1_MaskPooling", "type": f"{POOLING_MODULE}.MaskPooling"}
+
+
+def _write_normalize(tmp: Path, index: int) -> dict[str, Any]:
+    """The ``Normalize`` module's (empty) folder in ``tmp``; returns its ``modules.json`` entry
+    at position ``index``."""
+    path = f"{index}_Normalize"
+    (tmp / path).mkdir()
+    return {"idx": index, "name": str(index), "path": path, "type": NORMALIZE}
+
+
+def _write_sentence_transformers_configs(
+    tmp: Path, modules: list[dict[str, Any]], max_seq_length: int
+) -> None:
+    """``modules.json``, ``sentence_bert_config.json`` and ``config_sentence_transformers.json``
+    (cosine similarity, no prompts)."""
+    _write_json(tmp / "modules.json", modules)
+    _write_json(
+        tmp / "sentence_bert_config.json",
+        {"max_seq_length": max_seq_length, "do_lower_case": False},
+    )
+    _write_json(
+        tmp / "config_sentence_transformers.json",
+        {
+            "__version__": {"pytorch": torch.__version__},
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+
+
+def _move_into_place(tmp: Path, folder: Path) -> None:
+    """Give ``tmp`` the user's umask modes (safetensors writes 0600) and rename it to
+    ``folder``, replacing what was there."""
     apply_umask(tmp)
     if folder.exists():
         shutil.rmtree(folder)
     os.replace(tmp, folder)
-    return folder
 
 
 def _write_dense_pooler(folder: Path, encoder: Any) -> None:
