@@ -249,26 +249,8 @@ def pretrain(
         raise ValueError("pretrain: no sentences to train on")
     output = Path(output)
     checkpoint = output / CHECKPOINT_DIR / CHECKPOINT_FILE
-    model = PretrainModel(
-        mlm_model,
-        settings.lower_layers,
-        settings.head_layers,
-        settings.aux_weight,
-        settings.train_backbone,
-    ).to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        params, lr=settings.learning_rate, weight_decay=settings.weight_decay
-    )
-    history: list[dict[str, float]] = []
-    start = 0
-    state = _load_checkpoint(checkpoint, fingerprint)
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        history, start = list(state["history"]), int(state["step"])
-        log.info("pretrain: resuming after step %d of %d", start, settings.steps)
+    model, optimizer = _model_and_optimizer(mlm_model, settings, device)
+    history, start = _resume(checkpoint, fingerprint, model, optimizer, settings.steps)
     specials = tokenizer.all_special_ids
     bar = Progress("pretrain", total=settings.steps, unit="steps", skipped=start, enabled=progress)
     began = time.monotonic()
@@ -277,41 +259,13 @@ def pretrain(
         # Data, masking and dropout are functions of (seed, step): resumable to the bit.
         torch.manual_seed(settings.seed * 1_000_003 + step)
         rows = batch_indices(step, settings.batch_size, len(sentences), settings.seed, order_cache)
-        encoded = tokenizer(
-            [sentences[i] for i in rows],
-            padding=True,
-            truncation=True,
-            max_length=settings.max_length,
-            return_tensors="pt",
-        ).to(device)
-        masked, labels = mask_tokens(
-            encoded["input_ids"],
-            encoded["attention_mask"],
-            specials,
-            tokenizer.mask_token_id,
-            len(tokenizer),
-            settings.mask_rate,
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, settings)
-        out = model(masked, encoded["attention_mask"], labels, encoded.get("token_type_ids"))
-        optimizer.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        optimizer.step()
-        values = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"]}
-        values.update({key: float(value.detach()) for key, value in out.items()})
+        batch = _masked_batch(tokenizer, [sentences[i] for i in rows], specials, settings, device)
+        values = _optimizer_step(model, optimizer, batch, step, settings)
         history.append(values)
         done = step + 1
         if done % settings.checkpoint_every == 0 and done < settings.steps:
             _save_checkpoint(
-                checkpoint,
-                {
-                    "step": done,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "history": history,
-                    "fingerprint": fingerprint,
-                },
+                checkpoint, _training_state(done, model, optimizer, history, fingerprint)
             )
         bar.advance(done=1, rows=len(rows))
         if on_step is not None:
@@ -325,6 +279,118 @@ def pretrain(
     _write_result(model, tokenizer, output, settings, history, {**(meta or {}), **summary})
     shutil.rmtree(output / CHECKPOINT_DIR, ignore_errors=True)
     return {**summary, "history": history}
+
+
+def _model_and_optimizer(
+    mlm_model: nn.Module, settings: PretrainSettings, device: str
+) -> tuple[PretrainModel, torch.optim.AdamW]:
+    """The :class:`PretrainModel` over ``mlm_model`` on ``device``, in train mode, and AdamW
+    over the parameters that train (``settings``' learning rate and weight decay)."""
+    model = PretrainModel(
+        mlm_model,
+        settings.lower_layers,
+        settings.head_layers,
+        settings.aux_weight,
+        settings.train_backbone,
+    ).to(device)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=settings.learning_rate, weight_decay=settings.weight_decay
+    )
+    return model, optimizer
+
+
+def _resume(
+    checkpoint: Path,
+    fingerprint: str,
+    model: PretrainModel,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+) -> tuple[list[dict[str, float]], int]:
+    """``(history, steps done)`` of the checkpoint with ``fingerprint``, its model and optimizer
+    states loaded into ``model`` and ``optimizer``; ``([], 0)`` when there is none."""
+    state = _load_checkpoint(checkpoint, fingerprint)
+    if state is None:
+        return [], 0
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    history, start = list(state["history"]), int(state["step"])
+    log.info("pretrain: resuming after step %d of %d", start, steps)
+    return history, start
+
+
+def _masked_batch(
+    tokenizer: Any,
+    texts: list[str],
+    specials: list[int],
+    settings: PretrainSettings,
+    device: str,
+) -> dict[str, torch.Tensor | None]:
+    """``texts`` tokenised (padded, cut at ``max_length``) on ``device`` and masked at
+    ``mask_rate`` (never ``specials``): ``input_ids`` (masked), ``attention_mask``, ``labels``
+    and ``token_type_ids`` (None when the tokenizer gives none), each ``(batch, seq_len)``."""
+    encoded = tokenizer(
+        texts,
+        padding=True,
+        truncation=True,
+        max_length=settings.max_length,
+        return_tensors="pt",
+    ).to(device)
+    masked, labels = mask_tokens(
+        encoded["input_ids"],
+        encoded["attention_mask"],
+        specials,
+        tokenizer.mask_token_id,
+        len(tokenizer),
+        settings.mask_rate,
+    )
+    return {
+        "input_ids": masked,
+        "attention_mask": encoded["attention_mask"],
+        "labels": labels,
+        "token_type_ids": encoded.get("token_type_ids"),
+    }
+
+
+def _optimizer_step(
+    model: PretrainModel,
+    optimizer: torch.optim.Optimizer,
+    batch: dict[str, torch.Tensor | None],
+    step: int,
+    settings: PretrainSettings,
+) -> dict[str, float]:
+    """One optimiser step on ``batch`` at step ``step``'s learning rate; returns the step's
+    record: ``step`` (counted from 1), ``lr`` and the model's losses and accuracies."""
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(step, settings)
+    out = model(
+        batch["input_ids"], batch["attention_mask"], batch["labels"], batch["token_type_ids"]
+    )
+    optimizer.zero_grad(set_to_none=True)
+    out["loss"].backward()
+    optimizer.step()
+    values = {"step": step + 1, "lr": optimizer.param_groups[0]["lr"]}
+    values.update({key: float(value.detach()) for key, value in out.items()})
+    return values
+
+
+def _training_state(
+    step: int,
+    model: PretrainModel,
+    optimizer: torch.optim.Optimizer,
+    history: list[dict[str, float]],
+    fingerprint: str,
+) -> dict[str, Any]:
+    """What a checkpoint holds after ``step`` steps: model and optimizer states, the history so
+    far and the run's fingerprint."""
+    return {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "history": history,
+        "fingerprint": fingerprint,
+    }
 
 
 def _write_result(
