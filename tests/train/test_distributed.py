@@ -127,7 +127,7 @@ def test_half_batches_alone_do_not_give_the_whole_batch_gradient(name):
 
 TORCHRUN_SCRIPT = r"""
 import json, sys
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 T.run(T.TrainConfig(**json.loads(open(sys.argv[1]).read())), progress=False)
 """
 

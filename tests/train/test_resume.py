@@ -20,7 +20,7 @@ from tests.train.test_loop import config
 
 KILLER = r"""
 import json, os, signal, sys
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train import checkpoint
 
 cfg = T.TrainConfig(**json.loads(open(sys.argv[1]).read()))
@@ -114,7 +114,7 @@ def test_killed_run_resumes_to_the_same_weights(
 
 FINISH_KILLER = r"""
 import json, os, signal, sys
-from pairforge.stages import train as T
+from pairforge.stages.train import stage as T
 from pairforge.train import export, loop
 
 cfg = T.TrainConfig(**json.loads(open(sys.argv[1]).read()))
