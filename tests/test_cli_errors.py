@@ -3,6 +3,7 @@ fix, exit 2, from the stage itself and from `pairforge profile check` before any
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -43,7 +44,15 @@ def one_error_line(args: list[str], cwd) -> str:
 
 
 def check(tmp_path):
-    return runner.invoke(app, ["profile", "check", str(tmp_path / "params.yaml")])
+    """``pairforge profile check`` run from tmp_path, as a user runs it beside their params: model
+    folders are looked for from the working directory, and the checkout's own (a demo run leaves
+    data/models/standin there) must not count."""
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        return runner.invoke(app, ["profile", "check", str(tmp_path / "params.yaml")])
+    finally:
+        os.chdir(here)
 
 
 def test_a_missing_model_folder_names_its_key(tmp_path):
