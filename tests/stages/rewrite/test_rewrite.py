@@ -141,8 +141,10 @@ def test_concurrency_and_rate_limits_hold(tmp_path, monkeypatch):
     monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
     write_sentences(tmp_path / "sentences", make_sentences(12, seed=13), rows_per_shard=12)
     with FaultyChatServer(delay=0.15) as server:
+        # A timeout far above the delay: under load a 0.4 s timeout abandoned requests the server
+        # was still answering, and their retries showed 4 in flight on its side (seen at load 4).
         run(
-            RewriteConfig.model_validate(settings(tmp_path, server, concurrency=3)),
+            RewriteConfig.model_validate(settings(tmp_path, server, concurrency=3, timeout=10.0)),
             LocalExecutor(),
             progress=False,
         )
