@@ -16,7 +16,7 @@ What is timed, per repeat, as wall time of whole processes and their peak RSS:
   `sample` draws m = 2 negatives per anchor. `ingest` is run and timed: it is how sentences get
   into pairforge (the peer's process reads the same file and builds its ``Dataset``). There is
   no augmentation on either side: the perturbed copies of a sentence present in the corpus are
-  declared as its candidates (a `candidates` dataset written before the repeat, untimed, in
+  declared as its candidates (a `candidates` dataset written before the repeats, untimed, in
   place of `backtranslate`); pairforge embeds them too, samples its positives from them and
   keeps them out of its sentence's negatives. Time is the stages' sum, memory the largest
   stage's peak. The environment is pairforge's default (it sets ``OMP_WAIT_POLICY=PASSIVE``).
@@ -30,7 +30,8 @@ What is timed, per repeat, as wall time of whole processes and their peak RSS:
 
 Peak RSS is ``ru_maxrss`` from ``wait4`` of each process (its VmHWM; a child process counts
 when it is larger), taken by a small launcher so the benchmark's own memory is not inherited.
-The 1-minute load average is printed before and after every run. Every run is appended to the
+``--repeats`` (3) of each system, interleaved, give a median and a range; the load averages
+are printed before and after every run. Every run is appended to the
 ``--out`` JSON as it finishes; above ``--peer-once-above`` sentences the peer runs once and a
 rerun with the same texts and settings reuses its stored figure. The corpus:
 ``mine_corpus.py``; the tables and ratios: ``mine_table.py``.
@@ -275,16 +276,17 @@ def measure_size(args, n: int, texts: list[str], origin: list, stored: list[dict
             stages = "".join(
                 f"; {s} {r['seconds']:.1f} s {r['peak_mib']:.0f} MiB"
                 for s, r in run.get("stages", {}).items()
-            )
+            ) + "".join(f"; {p} {t:.1f} s" for p, t in run.get("phases", {}).items())
             print(f"      {run['seconds']:.1f} s, peak {run['peak_mib']:.0f} MiB{stages}; load "
                   f"after {after[0]:.2f} {after[1]:.2f} {after[2]:.2f}", flush=True)  # fmt: skip
             runs.append(run)
-            if run["key"] not in fresh:  # the output file keeps one measurement per key
+            if run["key"] not in fresh:  # measured again: its stored runs are replaced
                 fresh.add(run["key"])
                 kept[:] = [r for r in kept if r["key"] != run["key"]]
             kept.append(run)
             save(out, kept)
-    return runs
+    order = {item: k for k, item in enumerate(plan)}  # the table's rows: pairforge first
+    return sorted(runs, key=lambda r: (order[r["system"], r["variant"], r["env"]], r["repeat"]))
 
 
 # --- agreement (not timed) ----------------------------------------------------------------------
@@ -451,15 +453,16 @@ def main() -> None:
         runs += measure_size(args, n, texts_all[:n], origin_all[:n], stored, out, kept)
     table = markdown(runs)
     if args.agreement:
-        table += "\n| sentences | our index | exact sets: identical / mean Jaccard "
-        table += "| our pools vs ST: recall / mean Jaccard |\n|---:|---|---:|---:|\n"
+        table += "\n| sentences | our index | recall@k vs exact | our exact search vs ST: "
+        table += "identical sets / mean Jaccard | our pools vs ST: recall / mean Jaccard |\n"
+        table += "|---:|---|---:|---:|---:|\n"
         for n in args.sizes:
             pf = work / f"n{n}" / f"pairforge-r{args.repeats}"
             a = agreement(args, work / f"n{n}", pf)
-            e, p = a["exact"], a["pools"]
-            table += (f"| {n:,} | {a['index'].get('kind', '?')} | {e['identical_sets']:.4f} / "
-                      f"{e['mean_jaccard']:.4f} | {p['recall_of_st']:.4f} / "
-                      f"{p['mean_jaccard']:.4f} |\n")  # fmt: skip
+            e, p, index = a["exact"], a["pools"], a["index"]
+            table += (f"| {n:,} | {index.get('kind', '?')} | {index.get('recall_at_k', 1.0):.4f} "
+                      f"| {e['identical_sets']:.4f} / {e['mean_jaccard']:.4f} "
+                      f"| {p['recall_of_st']:.4f} / {p['mean_jaccard']:.4f} |\n")  # fmt: skip
     print("\n" + table)
     out.with_suffix(".md").write_text(table)
 
