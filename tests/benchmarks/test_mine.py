@@ -14,11 +14,14 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+def load(name: str, alias: str | None = None):
+    """A benchmark module by file; ``alias`` keeps a generic name out of sys.modules."""
+    spec = importlib.util.spec_from_file_location(alias or name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[spec.name] = module
+    path = list(sys.path)
     spec.loader.exec_module(module)
+    sys.path[:] = path  # mine.py puts benchmarks/ first: its train.py must not shadow anything
     return module
 
 
@@ -165,3 +168,30 @@ def test_candidates_are_the_copies_of_present_sentences(shared, tmp_path):
     assert len(set(got[S.CANDIDATE_ID].to_pylist())) == len(pairs)
     corpus.write_corpus(tmp_path / "corpus.txt", texts)
     assert (tmp_path / "corpus.txt").read_text().splitlines() == texts
+
+
+def test_peer_key_ignores_pairforge_only_settings(shared):
+    import argparse
+
+    mine = load("mine", "mine_benchmark")
+    args = argparse.Namespace(batch_size=64, max_length=128, rows_per_shard=10_000,
+                              pool_cap=None, no_candidates=False)  # fmt: skip
+    texts = ["a b c", "d e f"]
+    base = mine.settings_of(args, 2, texts)
+    other = mine.settings_of(argparse.Namespace(**{**vars(args), "pool_cap": 1024}), 2, texts)
+    assert mine.key_of(base, "peer", "torch", "defaults") == mine.key_of(
+        other, "peer", "torch", "defaults"
+    )
+    assert mine.key_of(base, "pairforge", "", "defaults") != mine.key_of(
+        other, "pairforge", "", "defaults"
+    )
+    wider = mine.settings_of(argparse.Namespace(**{**vars(args), "max_length": 256}), 2, texts)
+    assert mine.key_of(base, "peer", "torch", "defaults") != mine.key_of(
+        wider, "peer", "torch", "defaults"
+    )
+    assert mine.key_of(base, "peer", "torch", "defaults") != mine.key_of(
+        base, "peer", "torch", "pairforge"
+    )
+    assert mine.key_of(base, "peer", "torch", "defaults") != mine.key_of(
+        mine.settings_of(args, 2, ["a b c", "d e g"]), "peer", "torch", "defaults"
+    )
