@@ -20,7 +20,10 @@ from tests.conftest import ROOT
 # What `pairforge --help` must not import: each costs 0.1-2 s before the first line of output.
 HEAVY = ["torch", "transformers", "faiss", "numba", "dask", "distributed", "matplotlib"]
 # What checking params (any stage's config, `profile check`) must not import either.
-HEAVY_FOR_CONFIG = [*HEAVY, "polars", "openai", "ctranslate2", "sklearn", "datasets"]
+HEAVY_FOR_CONFIG = [
+    *HEAVY,
+    *("polars", "openai", "ctranslate2", "onnxruntime", "onnx", "sklearn", "datasets"),
+]
 
 
 def loaded_after(code: str) -> dict:

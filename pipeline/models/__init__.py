@@ -3,7 +3,8 @@
 - ``spec``: model specs (hub id, local folder, ``package:``), loading a tokenizer and encoder;
 - ``pooling``: token states to one vector (``cls``, ``cls_before_pooler``, ``mean``, ``mask``);
 - ``encoder``: :class:`SentenceEncoder`, texts to vectors for embed, report, train and evaluate;
-  :func:`load_text_encoder` builds embed's (``transformers`` or ``ctranslate2`` engine, ``ct2``);
+  :func:`load_text_encoder` builds embed's (``transformers``, ``ctranslate2`` (``ct2``) or
+  ``onnxruntime`` (``ort``) engine);
 - ``describe``: what a model folder says about its vectors (sentence-transformers modules,
   this project's export) and :func:`load_sentence_encoder`, the evaluator's encoder;
 - ``mlm``: masked-LM models and their heads (loader, head finder, fresh heads) for pretrain and

@@ -1,7 +1,7 @@
 """One sentence encoder for every stage: texts in, float32 vectors out, in input order.
 
-:class:`SentenceEncoder` wraps a loaded model (a transformers encoder, or CTranslate2's through
-``ct2.CT2Model``), its tokenizer and a pooling (``pooling.pool``). Embed and report build it with
+:class:`SentenceEncoder` wraps a loaded model (a transformers encoder, CTranslate2's through
+``ct2.CT2Model`` or ONNX Runtime's through ``ort.ORTModel``), its tokenizer and a pooling (``pooling.pool``). Embed and report build it with
 :func:`load_text_encoder` (the ``embed`` params: model spec, engine, dtype, unit vectors); the
 evaluator with ``describe.load_sentence_encoder`` (pooling read from the model folder); training's
 dev evaluation wraps the model it is training.
@@ -33,7 +33,7 @@ from pairforge.pipeline.models.spec import load_encoder, pick_device
 from pairforge.pipeline.progress import Progress
 
 Order = Literal["tokens", "chars"]
-ENGINES: tuple[str, ...] = ("transformers", "ctranslate2")
+ENGINES: tuple[str, ...] = ("transformers", "ctranslate2", "onnxruntime")
 
 
 class SentenceEncoder:
@@ -257,17 +257,19 @@ def load_text_encoder(
     leaves after the prompt, so the [MASK] is never truncated away. ``dtype`` is the compute
     dtype of the transformers engine (``float32``, ``bfloat16``, ``float16``); vectors are
     float32 whatever it is. ``engine="ctranslate2"`` runs the model converted at
-    ``compute_type`` (kept under ``models_dir``, see ``ct2``) instead; ``dtype`` must then stay
-    float32. ``threads`` > 0 sets this process's torch CPU threads (-1: torch's default).
+    ``compute_type`` (kept under ``models_dir``, see ``ct2``) instead, ``engine="onnxruntime"``
+    its ONNX export at ``compute_type`` ``int8`` or ``float32`` (on CPU, see ``ort``); ``dtype``
+    must then stay float32. ``threads`` > 0 sets this process's torch CPU threads, and the
+    engine's (-1: their defaults).
     """
     import os
 
     check_pooling(pooling)
     if engine not in ENGINES:
         raise ConfigError(f"engine {engine!r}: allowed {', '.join(ENGINES)}")
-    if engine == "ctranslate2" and dtype != "float32":
+    if engine != "transformers" and dtype != "float32":
         raise ConfigError(
-            f"dtype {dtype!r} applies to the transformers engine; the ctranslate2 engine's "
+            f"dtype {dtype!r} applies to the transformers engine; the {engine} engine's "
             f"precision is compute_type (now {compute_type!r}): leave dtype at float32"
         )
     # OpenMP threads that spin while waiting make torch 2-3x slower on a CPU shared with
@@ -279,13 +281,20 @@ def load_text_encoder(
 
     if threads > 0:
         torch.set_num_threads(threads)
-    device = pick_device(device)
+    requested, device = device, pick_device(device)
     source = {"model": model, "dtype": dtype, "engine": engine, "compute_type": None}
     dim = None
     if engine == "ctranslate2":
         from pairforge.pipeline.models.ct2 import load_ctranslate2
 
         tokenizer, net, dim = load_ctranslate2(model, device, compute_type, models_dir, threads)
+        source["compute_type"] = compute_type
+    elif engine == "onnxruntime":
+        from pairforge.pipeline.models.ort import load_onnxruntime
+
+        # Its package runs on CPU only: auto means cpu here, whatever GPU is visible.
+        device = "cpu" if requested == "auto" else device
+        tokenizer, net, dim = load_onnxruntime(model, device, compute_type, models_dir, threads)
         source["compute_type"] = compute_type
     else:
         tokenizer, net = load_encoder(model, device, dtype)

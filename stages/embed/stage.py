@@ -70,17 +70,21 @@ class EmbedConfig(StageConfig):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
     )
-    engine: Literal["transformers", "ctranslate2"] = Field(
+    engine: Literal["transformers", "ctranslate2", "onnxruntime"] = Field(
         "transformers",
-        description="transformers (torch, in dtype) or ctranslate2 (the model converted once at "
-        "compute_type; BERT-family encoders; docs/mine.md measures both)",
+        description="transformers (torch, in dtype), ctranslate2 (the model converted once at "
+        "compute_type) or onnxruntime (exported once to ONNX, quantised dynamically at "
+        "compute_type; CPU); both BERT-family encoders; docs/mine.md measures all three",
     )
     compute_type: Literal["int8", "int8_float32", "float32", "int8_float16", "float16"] = Field(
-        "int8", description="ctranslate2 engine: weight and compute precision (int8 on CPU)"
+        "int8",
+        description="ctranslate2 and onnxruntime engines: weight and compute precision (int8 on "
+        "CPU; onnxruntime: int8 or float32)",
     )
     models_dir: str = Field(
         ".cache/pairforge/ctranslate2",
-        description="ctranslate2 engine: conversions, one per model, revision and compute_type",
+        description="ctranslate2 and onnxruntime engines: conversions and ONNX exports, one per "
+        "model, revision and compute_type",
     )
     device: str = Field("auto", description="auto (a GPU when one is visible), cpu, cuda, cuda:1")
     vector_dtype: Literal["float32", "float16"] = Field(
@@ -101,7 +105,9 @@ class EmbedConfig(StageConfig):
         "data/embeddings/rewrites", description="LLM rewrite embeddings folder"
     )
     metrics: str = Field("metrics/embed.json", description="metrics JSON path")
-    threads: int = Field(-1, description="CPU threads for torch; -1: torch's default (all cores)")
+    threads: int = Field(
+        -1, description="CPU threads for torch, ctranslate2 and onnxruntime; -1: their default"
+    )
 
 
 class Encoder(Protocol):
@@ -172,7 +178,7 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
 
 def _params(cfg: EmbedConfig) -> dict[str, Any]:
     # Device, batch size and threads change results only by float rounding: a run may resume
-    # elsewhere. compute_type matters only to the ctranslate2 engine.
+    # elsewhere. compute_type matters only to the ctranslate2 and onnxruntime engines.
     return cfg.model_dump(
         exclude={
             "device",
@@ -183,7 +189,7 @@ def _params(cfg: EmbedConfig) -> dict[str, Any]:
             "rewrites_output",
             "metrics",
             "models_dir",
-            *(() if cfg.engine == "ctranslate2" else ("compute_type",)),
+            *(() if cfg.engine != "transformers" else ("compute_type",)),
         }
     )
 
@@ -220,7 +226,7 @@ class _LazyEncoder:
                 self.encoder.dim,
                 self.encoder.device,
                 cfg.engine,
-                f", {cfg.compute_type}" if cfg.engine == "ctranslate2" else "",
+                f", {cfg.compute_type}" if cfg.engine != "transformers" else "",
             )
         return self.encoder
 
@@ -366,7 +372,7 @@ def _embed_dataset(
     """
     params = _params(cfg)
     section = cfg.model_dump()
-    if cfg.engine != "ctranslate2":
+    if cfg.engine == "transformers":
         section["compute_type"] = None  # the transformers engine computes in dtype
     fp = fingerprint(
         STAGE, section, {"input": source, "also": also}, {"dataset": name, "status": status}

@@ -1,0 +1,169 @@
+"""The onnxruntime engine (``pipeline/models/ort.py``) on a tiny BERT built in the test: float32
+gives the transformers engine's vectors for every pooling, int8 stays close, the export and the
+quantisation are made once, the layers int8 keeps in float32 are the FFN projections, and
+settings or models it cannot take are one clear error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+import numpy as np
+import pytest
+from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.modelfiles import resolve_translation_model
+from pairforge.pipeline.models import SentenceEncoder, load_text_encoder
+from pairforge.pipeline.models.ort import MODEL_FILE, convert_onnx, float32_matmuls
+
+from tests.stages.mining_fixtures import one_torch_thread  # noqa: F401
+from tests.stages.mining_helpers import make_texts
+
+pytest.importorskip("onnxruntime")
+
+POOLINGS = ["mean", "cls", "cls_before_pooler", "mask"]
+
+
+def _encoder(model, pooling, models_dir, **kw) -> SentenceEncoder:
+    return load_text_encoder(
+        str(model),
+        pooling,
+        device="cpu",
+        batch_size=8,
+        max_length=32,
+        threads=1,
+        models_dir=str(models_dir),
+        **kw,
+    )
+
+
+def _folders(models_dir) -> list[str]:
+    return sorted(p.name for p in models_dir.iterdir() if not p.name.startswith("."))
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return make_texts(40, seed=5)
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory):
+    """The module's exports of the tiny BERT (made by the first test that needs them)."""
+    return tmp_path_factory.mktemp("onnx")
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_float32_engine_equals_transformers_and_int8_stays_close(
+    tiny_bert, texts, models_dir, pooling
+):
+    torch_vectors = _encoder(tiny_bert, pooling, models_dir).encode(texts)
+    fp32 = _encoder(tiny_bert, pooling, models_dir, engine="onnxruntime", compute_type="float32")
+    int8 = _encoder(tiny_bert, pooling, models_dir, engine="onnxruntime", compute_type="int8")
+    got32, got8 = fp32.encode(texts), int8.encode(texts)
+    assert got8.shape == (40, 32) and got8.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got8, axis=1), 1.0, atol=1e-5)
+    # The same weights in float32: the same vectors (padding, token types, the pooler's output,
+    # and batches without padding though the graph was traced on a padded one).
+    np.testing.assert_allclose(got32, torch_vectors, atol=1e-4)
+    # int8 weights and per-tensor int8 activations on a random 32-d model: measured cosine
+    # 0.988-0.997 at worst and 0.991-0.999 on average over the poolings, components off by
+    # 0.03-0.13. MiniLM on the STS sentences is measured in docs/mine.md.
+    cos = np.einsum("ij,ij->i", got8, torch_vectors)
+    assert cos.min() > 0.98 and cos.mean() > 0.99, (cos.min(), cos.mean())
+    assert np.abs(got8 - torch_vectors).max() > 1e-2  # it did run quantised
+    info = int8.info()
+    assert (info["engine"], info["compute_type"], info["dtype"]) == (
+        "onnxruntime",
+        "int8",
+        "float32",
+    )
+    assert fp32.info()["compute_type"] == "float32"
+
+
+def test_export_and_quantisation_are_made_once(tiny_bert, texts, tmp_path, caplog):
+    models_dir = tmp_path / "onnx"
+    with caplog.at_level(logging.INFO, logger="pairforge"):
+        first = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime").encode(texts)
+    assert caplog.text.count("exporting") == 1 and caplog.text.count("quantising") == 1
+    assert [f.split("-onnx-")[1] for f in _folders(models_dir)] == ["float32", "int8-ffn_output"]
+    stamps = {p: p.stat().st_mtime_ns for p in models_dir.rglob(MODEL_FILE)}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pairforge"):
+        again = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime").encode(texts)
+        _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", compute_type="float32")
+    assert "exporting" not in caplog.text and "quantising" not in caplog.text
+    assert {p: p.stat().st_mtime_ns for p in models_dir.rglob(MODEL_FILE)} == stamps
+    np.testing.assert_array_equal(first, again)
+    # Another set of float32 layers: a new quantisation of the same export.
+    ref = resolve_translation_model(str(tiny_bert))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pairforge"):
+        folder, made = convert_onnx(ref, "int8", str(models_dir), "none")
+    assert made and "exporting" not in caplog.text and caplog.text.count("quantising") == 1
+    assert len(_folders(models_dir)) == 3 and folder.name.endswith("-onnx-int8-none")
+    source = json.loads((folder / "pairforge-source.json").read_text())
+    assert source == {
+        "spec": str(tiny_bert),
+        "revision": ref.revision,
+        "compute_type": "int8",
+        "float32_layers": "none",
+    }
+    assert not [p for p in models_dir.iterdir() if re.search(r"\.tmp-\d+$", p.name)]
+
+
+def test_float32_layers_are_the_ffn_projections(tiny_bert, models_dir, texts):
+    ref = resolve_translation_model(str(tiny_bert))
+    export, _ = convert_onnx(ref, "float32", str(models_dir))
+    out = float32_matmuls(export / MODEL_FILE, "ffn_output")
+    both = float32_matmuls(export / MODEL_FILE, "ffn")
+    # 2 layers: their output projections (64 -> 32), then also the input ones (32 -> 64).
+    assert len(out) == 2 and all("/output/dense/" in n and "attention" not in n for n in out)
+    assert len(both) == 4 and set(out) < set(both)
+    assert all("/intermediate/dense/" in n for n in set(both) - set(out))
+    assert float32_matmuls(export / MODEL_FILE, "none") == []
+    # What a quantisation keeps in float32 changes the vectors.
+    import onnx
+
+    kept = {}
+    for layers in ("none", "ffn_output"):
+        folder, _ = convert_onnx(ref, "int8", str(models_dir), layers)
+        graph = onnx.load(str(folder / MODEL_FILE)).graph
+        kept[layers] = sorted(n.name for n in graph.node if n.op_type == "MatMul")
+    assert set(out) <= set(kept["ffn_output"]) and not set(out) & set(kept["none"])
+
+
+def test_bad_settings_and_models_are_clear_errors(tiny_bert, models_dir, tmp_path):
+    with pytest.raises(ConfigError, match="dtype 'bfloat16' applies to the transformers engine"):
+        _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", dtype="bfloat16")
+    with pytest.raises(ConfigError, match="'int8_float16' is not available for the onnxruntime"):
+        _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", compute_type="int8_float16")
+    with pytest.raises(ConfigError, match="the onnxruntime engine runs on cpu"):
+        load_text_encoder(str(tiny_bert), "mean", device="cuda", engine="onnxruntime")
+    enc = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime")
+    assert enc.model.session.get_session_options().intra_op_num_threads == 1
+    with pytest.raises(PairforgeError, match="no training mode"):
+        enc.encode(["a sentence"], dropout=True)
+    with pytest.raises(ConfigError, match="no such folder"):
+        _encoder(tmp_path / "missing", "mean", models_dir, engine="onnxruntime")
+
+    # An architecture it does not export: a tiny GPT-2, named by its model_type.
+    from transformers import GPT2Config, GPT2Model
+
+    gpt2 = tmp_path / "gpt2"
+    GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50)).save_pretrained(gpt2)
+    with pytest.raises(ConfigError, match="exports BERT-family encoders .* not model_type 'gpt2'"):
+        _encoder(gpt2, "mean", models_dir, engine="onnxruntime")
+
+    # A BERT whose weights do not load: the export fails with one line naming the model, and
+    # leaves neither a folder nor a temporary behind.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for file in tiny_bert.iterdir():
+        if file.name != "model.safetensors":
+            (broken / file.name).write_bytes(file.read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    empty = tmp_path / "empty-onnx"
+    with pytest.raises(ConfigError, match=r"model '.*broken': ONNX export failed: \w+") as err:
+        _encoder(broken, "mean", empty, engine="onnxruntime")
+    assert "\n" not in str(err.value)
+    assert [p for p in empty.iterdir() if not p.name.endswith(".lock")] == []

@@ -1,0 +1,71 @@
+"""embed with ``--engine onnxruntime`` end to end, as a user runs it: the datasets' manifests
+and the metrics name the engine and compute type, the vectors are the in-process engine's, and
+a rerun reuses the export and the finished datasets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pairforge.pipeline import schemas as S
+from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.models import load_text_encoder
+from pairforge.pipeline.shards import open_dataset
+from pairforge.stages.embed.stage import embed_shard
+
+from tests.conftest import run_cli
+from tests.stages.mining_helpers import copy_project, read_json, stage_params, write_params
+
+pytest.importorskip("onnxruntime")
+
+
+def test_embed_command_with_the_onnxruntime_engine(tiny_bert, mining_inputs, tmp_path):
+    root = copy_project(mining_inputs, tmp_path / "project")
+    write_params(root, {"embed": stage_params(tiny_bert, "test")["embed"]})
+    args = ["embed", "--engine", "onnxruntime", "--models-dir", "onnx", "--no-progress"]
+    done = run_cli(args, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "exporting" in done.stderr and "quantising" in done.stderr
+    for name in ("sentences", "candidates"):
+        encoder = open_embeddings(root / f"data/embeddings/{name}").manifest["encoder"]
+        assert (encoder["engine"], encoder["compute_type"]) == ("onnxruntime", "int8")
+    metrics = read_json(root / "metrics/embed.json")
+    assert metrics["encoder"]["engine"] == "onnxruntime"
+    assert metrics["candidates"]["rows"] > 0 and metrics["sentences"]["computed_shards"] == 6
+
+    # The command's vectors are the engine's, shard by shard: int8 activations are quantised
+    # with one scale per batch, so a text's vector depends on the batch it is encoded in.
+    sentences = open_dataset(root / "data/sentences", S.SENTENCES)
+    encoder = load_text_encoder(
+        str(tiny_bert),
+        "mean",
+        device="cpu",
+        max_length=32,
+        batch_size=16,
+        threads=1,
+        engine="onnxruntime",
+        models_dir=str(root / "onnx"),
+    )
+    expected = pa.concat_tables(embed_shard(t, encoder) for t in sentences.iter_shards())
+    ids = sentences.read_table([S.ID])[S.ID]
+    got = load_vectors(open_embeddings(root / "data/embeddings/sentences"), ids)
+    want = np.array(expected[S.VECTOR].to_pylist(), dtype=np.float32)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+    # A rerun: nothing exported or embedded again.
+    again = run_cli(args, cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert "exporting" not in again.stderr and "quantising" not in again.stderr
+    assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 0
+
+    # The engine is part of the fingerprint: float32 embeds again and says so.
+    f32 = run_cli([*args, "--compute-type", "float32"], cwd=root)
+    assert f32.returncode == 0, f32.stderr
+    assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 6
+    manifest = open_embeddings(root / "data/embeddings/sentences").manifest["encoder"]
+    assert manifest["compute_type"] == "float32"
+
+    bad = run_cli([*args, "--compute-type", "int8_float16"], cwd=root)
+    assert bad.returncode == 2
+    assert "'int8_float16' is not available for the onnxruntime engine" in bad.stderr
+    assert "Traceback" not in bad.stderr
