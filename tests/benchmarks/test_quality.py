@@ -114,6 +114,19 @@ def test_targets_say_met_not_met_and_not_run(records):
     )
     mean = dict(quality.targets(quality.summarize(records), "mean"))
     assert mean["DebCSE >= SimCSE + 1.0 (mean)"] == "not run"
+    # A pools variant is judged once run, against the peer and its own pools' uniform draw.
+    assert not any(name.startswith("band40_calibrated") for name in verdicts)
+    records += [record("band40_calibrated", s, 76.0 + s) for s in (1, 2, 3)]
+    records += [record("band40_uniform", s, 77.0) for s in (1, 2)]
+    verdicts = dict(quality.targets(quality.summarize(records), "cls"))
+    # 78.0 (sd 1.0) - peer 76.0 (sd 0.5) = 2.0 > 1.0; - band40_uniform 77.0 (sd 0) = 1.0, not > 1.0
+    assert verdicts["band40_calibrated > peer by more than either row's seed sd (cls)"] == (
+        "met: +2.00 vs sd 1.00"
+    )
+    assert verdicts[
+        "band40_calibrated > band40_uniform by more than either row's seed sd (cls)"
+    ] == ("NOT met: +1.00 vs sd 1.00")
+    assert "knn_calibrated > peer by more than either row's seed sd (cls)" not in verdicts
 
 
 def test_markdown_lists_every_row_with_its_spread(records):
