@@ -587,7 +587,9 @@ def command(
     Every option defaults to the key of the same name in the `embed` section of params.yaml.
     Vectors are L2-normalised and stored in shards aligned with the ids they embed.
     """
-    gpus = _gpu_workers(cfg.device) if workers is None and not scheduler else 0
+    # The onnxruntime engine runs on CPU whatever GPUs are visible: it stays in this process.
+    on_gpu = cfg.engine != "onnxruntime"
+    gpus = _gpu_workers(cfg.device) if workers is None and not scheduler and on_gpu else 0
     if gpus:
         from pairforge.pipeline.runner import DaskExecutor
 

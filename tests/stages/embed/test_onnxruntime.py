@@ -1,6 +1,7 @@
 """embed with ``--engine onnxruntime`` end to end, as a user runs it: the datasets' manifests
 and the metrics name the engine and compute type, the vectors are the in-process engine's, and
-a rerun reuses the export and the finished datasets."""
+a rerun reuses the export and the finished datasets; several GPUs leave it on the CPU, in
+this process."""
 
 from __future__ import annotations
 
@@ -69,3 +70,31 @@ def test_embed_command_with_the_onnxruntime_engine(tiny_bert, mining_inputs, tmp
     assert bad.returncode == 2
     assert "'int8_float16' is not available for the onnxruntime engine" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_several_gpus_do_not_take_the_onnxruntime_engine_off_the_cpu(
+    tiny_bert, mining_inputs, tmp_path, monkeypatch
+):
+    """On a machine with several GPUs, ``device: auto`` gives the other engines a Dask worker
+    per GPU; the onnxruntime engine (CPU only) stays in this process on the CPU."""
+    import torch
+    from pairforge.pipeline import runner
+    from pairforge.stages.cli import app
+    from typer.testing import CliRunner
+
+    root = copy_project(mining_inputs, tmp_path / "project")
+    embed = {**stage_params(tiny_bert, "test")["embed"], "device": "auto"}
+    write_params(root, {"embed": embed})
+    monkeypatch.chdir(root)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def no_dask(*args, **kwargs):
+        raise AssertionError("a Dask worker per GPU was started")
+
+    monkeypatch.setattr(runner, "DaskExecutor", no_dask)
+    args = ["embed", "--engine", "onnxruntime", "--models-dir", "onnx", "--no-progress"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    metrics = read_json(root / "metrics/embed.json")
+    assert metrics["device"] == "cpu" and metrics["encoder"]["engine"] == "onnxruntime"
