@@ -167,3 +167,59 @@ def test_bad_settings_and_models_are_clear_errors(tiny_bert, models_dir, tmp_pat
         _encoder(broken, "mean", empty, engine="onnxruntime")
     assert "\n" not in str(err.value)
     assert [p for p in empty.iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize("kind", ["roberta", "distilbert", "electra"])
+def test_other_bert_family_encoders_export_with_torchs_vectors(kind, tiny_bert, texts, tmp_path):
+    """The other model types it takes, tiny and random, on the tiny BERT's WordPiece vocabulary
+    (DistilBERT's tokenizer without token types, as DistilBERT's own)."""
+    import torch
+    from transformers import (
+        BertTokenizerFast,
+        DistilBertConfig,
+        DistilBertModel,
+        ElectraConfig,
+        ElectraModel,
+        RobertaConfig,
+        RobertaModel,
+    )
+
+    inputs = ["input_ids", "attention_mask"] if kind == "distilbert" else None
+    extra = {"model_input_names": inputs} if inputs else {}
+    tokenizer = BertTokenizerFast.from_pretrained(str(tiny_bert), **extra)
+    size = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    torch.manual_seed(0)
+    if kind == "roberta":  # positions start after the padding index
+        model = RobertaModel(
+            RobertaConfig(
+                **size,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=160,
+            )
+        )
+    elif kind == "distilbert":
+        model = DistilBertModel(
+            DistilBertConfig(**size, dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+        )
+    else:
+        model = ElectraModel(
+            ElectraConfig(
+                **size,
+                embedding_size=16,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+            )
+        )
+    folder = tmp_path / kind
+    model.eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    want = _encoder(folder, "mean", tmp_path / "onnx").encode(texts)
+    fp32 = _encoder(folder, "mean", tmp_path / "onnx", engine="onnxruntime", compute_type="float32")
+    np.testing.assert_allclose(fp32.encode(texts), want, atol=1e-4)
+    int8 = _encoder(folder, "mean", tmp_path / "onnx", engine="onnxruntime").encode(texts)
+    assert np.einsum("ij,ij->i", int8, want).mean() > 0.98
