@@ -599,6 +599,42 @@ def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, fl
     return stats
 
 
+def plot_hardness(
+    summary: list[dict[str, Any]], stats: dict[str, dict[str, float]], path: Path
+) -> list[tuple[str, float, float, float | None]]:
+    """The negatives-only rows' STS average (mean ± sd over seeds, [CLS] start) against the mean
+    cosine of their sampled negatives to the anchor, SimCSE as a line; returns the points
+    ``(row, mean cos, avg, sd)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_row = {s["row"]: s for s in summary if s["start"] == "cls"}
+    points = [
+        (name, stats[ROWS[name].pairs]["cos_mean"], *by_row[name]["avg"])
+        for name in NEGATIVE_ROWS
+        if name in by_row and ROWS[name].pairs in stats
+    ]
+    fig, ax = plt.subplots(figsize=(7, 4.5), constrained_layout=True)
+    for name, cos, avg, sd in points:
+        ax.errorbar(cos, avg, yerr=sd or 0.0, fmt="o", capsize=3,
+                    color="C3" if name == "peer" else "C0")  # fmt: skip
+        n = len(by_row[name]["seeds"])
+        ax.annotate(f"{name} ({n} seed{'s' if n > 1 else ''})", (cos, avg), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    if "simcse" in by_row:
+        ax.axhline(by_row["simcse"]["avg"][0], color="grey", linestyle="--", linewidth=1)
+        ax.annotate("SimCSE (no mined negatives)", (ax.get_xlim()[0], by_row["simcse"]["avg"][0]),
+                    fontsize=7, xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax.set(xlabel="mean cosine of the sampled negatives to the anchor (MiniLM, mean pooling)",
+           ylabel="7-task STS average (x100), [CLS] start",
+           title="Harder negatives, better encoder (mean ± sd over seeds)")  # fmt: skip
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return points
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/quality", help="run folder (resumes)")
@@ -662,6 +698,8 @@ def main(argv: list[str] | None = None) -> None:
             f"| {k} | {v['negatives']:,} | {v['cos_mean']:.3f} | {v['edit_mean']:.3f} |\n"
             for k, v in stats.items()
         )
+        plot_hardness(summary, stats, out / "hardness.png")
+        text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
     (out / "quality.md").write_text(text)
     write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
     print(text)

@@ -172,3 +172,12 @@ def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):
     cells = simcse.split(" | ")
     assert head[head.index("dev")] == "dev"
     assert cells[head.index("dev")] == "82.00"  # seeds 1-3: 81, 82, 83
+
+
+def test_hardness_plot_places_each_negatives_row_at_its_samplers_cosine(records, tmp_path):
+    stats = {"calibrated": {"cos_mean": 0.27}, "peer": {"cos_mean": 0.38}}  # no uniform stats
+    points = quality.plot_hardness(quality.summarize(records), stats, tmp_path / "h.png")
+    # uniform has scores but no sampler statistics; debcse is not a negatives-only row.
+    assert [(p[0], p[1]) for p in points] == [("peer", 0.38), ("ipw_calibrated", 0.27)]
+    assert points[1][2] == pytest.approx(77.666666, abs=1e-4)
+    assert (tmp_path / "h.png").stat().st_size > 10_000
