@@ -27,6 +27,7 @@ whose fingerprint (stage, params, inputs, code) differs from the folder's starts
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -112,6 +113,28 @@ def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True
         if durable:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+    remove_dead_temporaries(path)
+
+
+def remove_dead_temporaries(path: Path) -> int:
+    """Remove ``path``'s temporaries left by writers that no longer run (a kill between the open
+    and the rename leaves one); a live writer's, this process's included, are kept. Returns how
+    many were removed."""
+    removed = 0
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or reused by another process: kept, never a live write removed)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        stale.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:

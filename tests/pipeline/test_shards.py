@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import duckdb
 import polars as pl
@@ -181,3 +182,25 @@ def test_nulls_in_required_column_are_rejected(tmp_path):
     table = sentences(2).set_column(1, S.TEXT, pa.array(["a", None]))
     with pytest.raises(S.SchemaError, match="column 'text' has 1 nulls"):
         writer.write(0, table)
+
+
+def test_atomic_write_removes_a_killed_writers_temporary(tmp_path):
+    """A writer killed between open and rename leaves ``.name.tmp-PID-TID``; the next write of
+    the same file removes it once PID no longer runs, and keeps a live writer's."""
+    import subprocess
+    import sys
+
+    from pairforge.pipeline.shards import atomic_write_json
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    target = tmp_path / "ingest.json"
+    stale = tmp_path / f".ingest.json.tmp-{int(dead.stdout)}-1"
+    live = tmp_path / f".ingest.json.tmp-{os.getppid()}-1"  # the test runner's parent runs
+    other = tmp_path / f".other.json.tmp-{int(dead.stdout)}-1"  # another file's: not ours
+    for p in (stale, live, other):
+        p.write_text("half")
+    atomic_write_json(target, {"rows": 1})
+    assert json.loads(target.read_text()) == {"rows": 1}
+    assert not stale.exists()
+    assert live.exists() and other.exists()
