@@ -118,10 +118,8 @@ ROWS: dict[str, Row] = {
     "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),
     "combined": Row("combined", "calibrated", "DebCSE + DenoSent's denoising (combined)"),
 }
-NEGATIVE_ROWS = (
-    "peer", "uniform", "ipw_paper", "ipw_calibrated", "ipw_calibrated_l2", "knn_uniform",
-    "knn_calibrated", "band40_uniform", "band40_calibrated",
-)  # fmt: skip
+# The rows that differ from SimCSE by their mined negatives alone.
+NEGATIVE_ROWS = tuple(name for name, row in ROWS.items() if row.objective == "simcse_hn")
 # Each calibrated row -> the uniform row over the same pools (the debiasing isolated).
 CALIBRATED_ROWS = {
     "ipw_calibrated": "uniform",

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pairforge.pipeline.shards import atomic_write_json
+from pairforge.pipeline.shards import atomic_write_json, remove_dead_temporaries
 
 log = logging.getLogger("pairforge")
 
@@ -106,11 +106,14 @@ def headline(
 
 def write_metrics(path: str | Path, metrics: Mapping[str, Any], stage: str) -> Path:
     """Write a stage's full ``metrics`` to ``path`` and its headline (:data:`HEADLINES`) beside
-    it (:func:`headline_path`); returns the headline's path."""
+    it (:func:`headline_path`); returns the headline's path. Temporaries of either file left by
+    a killed run are removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, metrics)
     head = headline_path(path)
     head.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(head, headline(metrics, HEADLINES.get(stage, {})))
+    for written in (path, head):
+        remove_dead_temporaries(written)
     return head

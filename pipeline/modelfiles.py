@@ -19,8 +19,10 @@ import logging
 import os
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.models import hub_kwargs, resolve_model
@@ -117,36 +119,62 @@ def _file_lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def convert_ctranslate2(ref: ModelRef, quantization: str, models_dir: str) -> tuple[Path, bool]:
-    """The CTranslate2 conversion of ``ref`` at ``quantization``: ``(folder, converted now)``.
-
-    Converted once per (model, revision, quantization) and reused by every later run; a lock
-    keeps concurrent workers from converting twice, and the folder appears only when complete.
-    """
-    from ctranslate2.converters import TransformersConverter
-
-    target = _quantization_dir(ref, quantization, models_dir)
-    if (target / "model.bin").exists():
+def made_once(
+    ref: ModelRef,
+    name: str,
+    models_dir: str,
+    marker: str,
+    build: Callable[[Path], None],
+    what: str,
+    record: dict[str, Any],
+) -> tuple[Path, bool]:
+    """The folder ``<models_dir>/<model>-<revision>-<name>`` holding ``marker``: ``(folder, made
+    now)``. Made once per (model, revision, name) by ``build(tmp folder)`` and reused by every
+    later run; a lock keeps concurrent workers from making it twice, and the folder appears only
+    when complete, with ``record`` as its ``pairforge-source.json``. A ConfigError from ``build``
+    passes through; any other failure becomes one ConfigError line naming the model and ``what``
+    failed. Nothing of a failed attempt is left behind."""
+    target = _quantization_dir(ref, name, models_dir)
+    if (target / marker).exists():
         return target, False
     with _file_lock(target.with_name(f".{target.name}.lock")):
-        if (target / "model.bin").exists():
+        if (target / marker).exists():
             return target, False
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        log.info("converting %s to CTranslate2 (%s), once: %s", ref.spec, quantization, target)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                TransformersConverter(ref.path, low_cpu_mem_usage=True).convert(
-                    str(tmp), quantization=quantization, force=True
-                )
+            build(tmp)
+        except ConfigError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         except Exception as exc:
             shutil.rmtree(tmp, ignore_errors=True)
+            first = str(exc).splitlines()[0] if str(exc) else ""
             raise ConfigError(
-                f"model {ref.spec!r}: CTranslate2 conversion failed: {type(exc).__name__}: {exc}"
+                f"model {ref.spec!r}: {what} failed: {type(exc).__name__}: {first}"
             ) from None
-        (tmp / "pairforge-source.json").write_text(
-            json.dumps({"spec": ref.spec, "revision": ref.revision, "quantization": quantization})
-        )
+        (tmp / "pairforge-source.json").write_text(json.dumps(record))
         os.replace(tmp, target)
     return target, True
+
+
+def convert_ctranslate2(ref: ModelRef, quantization: str, models_dir: str) -> tuple[Path, bool]:
+    """The CTranslate2 conversion of ``ref`` at ``quantization``: ``(folder, converted now)``,
+    made once (:func:`made_once`)."""
+
+    def build(tmp: Path) -> None:
+        from ctranslate2.converters import TransformersConverter
+
+        log.info(
+            "converting %s to CTranslate2 (%s), once, into %s", ref.spec, quantization, models_dir
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            TransformersConverter(ref.path, low_cpu_mem_usage=True).convert(
+                str(tmp), quantization=quantization, force=True
+            )
+
+    record = {"spec": ref.spec, "revision": ref.revision, "quantization": quantization}
+    return made_once(
+        ref, quantization, models_dir, "model.bin", build, "CTranslate2 conversion", record
+    )

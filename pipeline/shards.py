@@ -113,13 +113,14 @@ def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True
         if durable:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
-    remove_dead_temporaries(path)
 
 
 def remove_dead_temporaries(path: Path) -> int:
-    """Remove ``path``'s temporaries left by writers that no longer run (a kill between the open
-    and the rename leaves one); a live writer's, this process's included, are kept. Returns how
-    many were removed."""
+    """Remove ``path``'s temporaries (:func:`atomic_write_bytes`) left by writers that no longer
+    run (a kill between the open and the rename leaves one); a live writer's, this process's
+    included, are kept. Returns how many were removed. For a stage's single files (its metrics):
+    a dataset's folder clears its own on resume, and listing a folder on every write would cost
+    its shard and progress writes a scan each."""
     removed = 0
     for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
         pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]

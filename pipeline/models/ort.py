@@ -19,10 +19,7 @@ exported here; docs/mine.md measures the three.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import shutil
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +38,6 @@ FLOAT32_LAYERS: tuple[str, ...] = ("none", "ffn_output", "ffn")
 MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta", "xlm-roberta", "electra")
 OPSET = 17
 MODEL_FILE = "model.onnx"
-SOURCE_FILE = "pairforge-source.json"
 
 
 class ORTModel:
@@ -144,48 +140,28 @@ def convert_onnx(
     int8 is quantised from the float32 export, itself made once. A lock keeps concurrent workers
     from making it twice, and the folder appears only when complete.
     """
-    from pairforge.pipeline.modelfiles import _file_lock, _quantization_dir
+    from pairforge.pipeline.modelfiles import made_once
 
     name = "onnx-float32" if compute_type == "float32" else f"onnx-int8-{float32_layers}"
-    target = _quantization_dir(ref, name, models_dir)
-    if (target / MODEL_FILE).exists():
-        return target, False
     source = None
     if compute_type == "int8":
         source, _ = convert_onnx(ref, "float32", models_dir)  # outside this folder's lock
-    with _file_lock(target.with_name(f".{target.name}.lock")):
-        if (target / MODEL_FILE).exists():
-            return target, False
-        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def build(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        try:
-            if source is None:
-                log.info("exporting %s to ONNX (float32), once: %s", ref.spec, target)
-                _export(ref, tmp / MODEL_FILE)
-            else:
-                log.info(
-                    "quantising %s's ONNX export to int8 (%s in float32), once: %s",
-                    ref.spec,
-                    float32_layers,
-                    target,
-                )
-                _quantize(source / MODEL_FILE, tmp / MODEL_FILE, float32_layers)
-        except ConfigError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        except Exception as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ConfigError(
-                f"model {ref.spec!r}: ONNX {'export' if source is None else 'quantisation'} "
-                f"failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            ) from None
-        record = {"spec": ref.spec, "revision": ref.revision, "compute_type": compute_type}
-        if source is not None:
-            record["float32_layers"] = float32_layers
-        (tmp / SOURCE_FILE).write_text(json.dumps(record))
-        os.replace(tmp, target)
-    return target, True
+        if source is None:
+            log.info("exporting %s to ONNX (float32), once, into %s", ref.spec, models_dir)
+            _export(ref, tmp / MODEL_FILE)
+        else:
+            log.info("quantising %s's ONNX export to int8 (%s in float32), once, into %s",
+                     ref.spec, float32_layers, models_dir)  # fmt: skip
+            _quantize(source / MODEL_FILE, tmp / MODEL_FILE, float32_layers)
+
+    record = {"spec": ref.spec, "revision": ref.revision, "compute_type": compute_type}
+    if source is not None:
+        record["float32_layers"] = float32_layers
+    what = "ONNX export" if source is None else "ONNX quantisation"
+    return made_once(ref, name, models_dir, MODEL_FILE, build, what, record)
 
 
 def _wrapper(model: Any, token_types: bool) -> Any:

@@ -145,19 +145,18 @@ def test_markdown_lists_every_row_with_its_spread(records):
 
 def test_every_row_names_a_sampler_and_every_sampler_a_pools_variant():
     """The variants are declared once: each row's pairs are a sampler's (or the peer's), each
-    sampler mines from a declared pools variant, and the negatives-only rows differ from SimCSE
-    by their negatives alone (objective ``simcse_hn``)."""
+    sampler mines from a declared pools variant, and each calibrated row is judged against the
+    uniform draw from its own pools."""
     for name, row in quality.ROWS.items():
         assert row.pairs in (*quality.SAMPLERS, "peer"), name
     for name, spec in quality.SAMPLERS.items():
         assert spec.pools in quality.POOLS, name
         assert "--output" not in spec.options and "--pools" not in spec.options, name
     assert quality.POOLS["band"] == {}  # the profile's own pools, mined by the pipeline
-    for name in quality.NEGATIVE_ROWS:
-        assert quality.ROWS[name].objective == "simcse_hn", name
-    assert set(quality.NEGATIVE_ROWS) == {
-        n for n, r in quality.ROWS.items() if r.objective == "simcse_hn"
-    }
+    for cal, uniform in quality.CALIBRATED_ROWS.items():  # same pools, only the draw differs
+        assert quality.SAMPLERS[quality.ROWS[cal].pairs].pools == (
+            quality.SAMPLERS[quality.ROWS[uniform].pairs].pools
+        ), cal
 
 
 def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):

@@ -70,7 +70,9 @@ def test_float32_engine_equals_transformers_and_int8_stays_close(
     # 0.03-0.13. MiniLM on the STS sentences is measured in docs/mine.md.
     cos = np.einsum("ij,ij->i", got8, torch_vectors)
     assert cos.min() > 0.98 and cos.mean() > 0.99, (cos.min(), cos.mean())
-    assert np.abs(got8 - torch_vectors).max() > 1e-2  # it did run quantised
+    # It did run quantised: int8 errors are far above float32's (CPUs differ: 2e-3 to 0.13 at
+    # worst measured on AMD EPYC and Intel, against 1e-6 for float32).
+    assert np.abs(got8 - torch_vectors).max() > 1e-3 > 10 * np.abs(got32 - torch_vectors).max()
     info = int8.info()
     assert (info["engine"], info["compute_type"], info["dtype"]) == (
         "onnxruntime",

@@ -184,13 +184,13 @@ def test_nulls_in_required_column_are_rejected(tmp_path):
         writer.write(0, table)
 
 
-def test_atomic_write_removes_a_killed_writers_temporary(tmp_path):
-    """A writer killed between open and rename leaves ``.name.tmp-PID-TID``; the next write of
-    the same file removes it once PID no longer runs, and keeps a live writer's."""
+def test_metrics_write_removes_a_killed_writers_temporary(tmp_path):
+    """A writer killed between open and rename leaves ``.name.tmp-PID-TID``; the next metrics
+    write of the same file removes it once PID no longer runs, and keeps a live writer's."""
     import subprocess
     import sys
 
-    from pairforge.pipeline.shards import atomic_write_json
+    from pairforge.pipeline.metrics import write_metrics
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
@@ -200,7 +200,7 @@ def test_atomic_write_removes_a_killed_writers_temporary(tmp_path):
     other = tmp_path / f".other.json.tmp-{int(dead.stdout)}-1"  # another file's: not ours
     for p in (stale, live, other):
         p.write_text("half")
-    atomic_write_json(target, {"rows": 1})
+    write_metrics(target, {"rows": 1}, "ingest")
     assert json.loads(target.read_text()) == {"rows": 1}
     assert not stale.exists()
     assert live.exists() and other.exists()
