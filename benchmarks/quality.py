@@ -22,7 +22,10 @@ model on the full 7 STS test sets. Rows (``ROWS``):
 
 Everything is kept under ``--out`` and resumes: the pipeline's stages skip finished datasets, a
 run whose ``scores.json`` exists is skipped, and the table is built from every ``scores.json``
-of the current settings (``runs/<settings>/``). Each run keeps its exported model.
+of the current settings (``runs/<settings>/``). Each run keeps its exported model. Each run's
+scores are also kept in the repository (``--records``, ``benchmarks/results/quality/<settings>/``):
+a run recorded there is not run again, and the table is built from the records as well, so it
+resumes on another machine (the models stay where they were trained).
 """
 
 from __future__ import annotations
@@ -311,6 +314,7 @@ def pairforge(args: list[str], cwd: Path, log: Path) -> float:
 
 
 def write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(path)
@@ -497,12 +501,24 @@ def train_params(pipeline: dict, row: Row, start: str, seed: int, pairs: Path, a
     return p
 
 
-def run_one(out: Path, name: str, start: str, seed: int, pairs: dict, pipeline: dict, args) -> None:
-    """Train and score one (row, start, seed) unless its scores.json exists."""
+def record_path(records: Path, row: str, start: str, seed: int) -> Path:
+    """Where a run's record is kept in the repository (``--records``): the table can then be
+    rebuilt, and a run skipped, on a machine that does not hold the run folder."""
+    return records / row / start / f"seed{seed}.json"
+
+
+def run_one(
+    out: Path, records: Path, name: str, start: str, seed: int, pairs: dict, pipeline: dict, args
+) -> None:
+    """Train and score one (row, start, seed) unless its scores.json or its record exists."""
     row = ROWS[name]
-    folder = out / name / ("mask" if row.prompt else start) / f"seed{seed}"
-    if (folder / "scores.json").exists():
+    start = "mask" if row.prompt else start
+    folder = out / name / start / f"seed{seed}"
+    kept = record_path(records, name, start, seed)
+    if (folder / "scores.json").exists() or kept.exists():
         print(f"  {name} / {start} / seed {seed}: done before, kept", flush=True)
+        if not kept.exists():
+            write_json(kept, json.loads((folder / "scores.json").read_text()))
         return
     folder.mkdir(parents=True, exist_ok=True)
     params = train_params(pipeline, row, start, seed, pairs[row.pairs], args)
@@ -518,7 +534,7 @@ def run_one(out: Path, name: str, start: str, seed: int, pairs: dict, pipeline: 
             shutil.rmtree(extra)
     record = {
         "row": name, "objective": row.objective, "pairs": row.pairs,
-        "start": "mask" if row.prompt else start, "seed": seed,
+        "start": start, "seed": seed,
         "scores": {t: scored[t] for t in TASKS}, "avg": scored["avg"],
         "best_step": trained["best_step"], "best_dev": trained["best_dev"],
         "steps": trained["steps"], "rows_skipped": trained.get("rows_skipped", {}),
@@ -526,14 +542,15 @@ def run_one(out: Path, name: str, start: str, seed: int, pairs: dict, pipeline: 
         "settings": settings_of(args),
     }  # fmt: skip
     write_json(folder / "scores.json", record)
+    write_json(kept, record)
     print(f"  {name} / {start} / seed {seed}: avg {scored['avg']:.2f} (best step "
           f"{trained['best_step']}, train {trained['seconds']:.0f} s)", flush=True)  # fmt: skip
 
 
-def untrained(out: Path, pipeline: dict, args) -> dict[str, dict]:
+def untrained(out: Path, records: Path, pipeline: dict, args) -> dict[str, dict]:
     """MiniLM as shipped, under each start pooling and DenoSent's prompt (once per settings)."""
     folder = out / "untrained"
-    path = folder / "scores.json"
+    path = records / "untrained.json"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         p = {"evaluate": copy.deepcopy(pipeline["evaluate"])}
@@ -548,6 +565,17 @@ def untrained(out: Path, pipeline: dict, args) -> dict[str, dict]:
         scores = {names[label]: {t: m[t] for t in (*TASKS, "avg")} for label, m in models.items()}
         write_json(path, scores)
     return json.loads(path.read_text())
+
+
+def load_records(runs: Path, records: Path) -> list[dict[str, Any]]:
+    """Every finished run of these settings: the run folders' ``scores.json`` and the records
+    kept in the repository, one per (row, start, seed) (the run folder's when both exist)."""
+    found: dict[tuple, dict[str, Any]] = {}
+    for path in [*sorted(records.glob("*/*/seed*.json")),
+                 *sorted(runs.glob("*/*/seed*/scores.json"))]:  # fmt: skip
+        r = json.loads(path.read_text())
+        found[(r["row"], r["start"], r["seed"])] = r
+    return [found[key] for key in sorted(found)]
 
 
 def settings_of(args) -> dict[str, Any]:
@@ -640,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     parser.add_argument("--starts", nargs="*", default=list(STARTS), choices=list(STARTS))
     parser.add_argument(
-        "--mean-rows", nargs="*", default=["simcse", "peer", "ipw_calibrated"],
+        "--mean-rows", nargs="*", default=["simcse", "peer", "band40_uniform"],
         help="rows also trained from MiniLM's mean pooling (the baseline, the peer, the best "
         "pairforge row of the [CLS] table)",
     )  # fmt: skip
@@ -655,6 +683,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--remine", action="store_true", help="run every mining stage again (each resumes)"
     )
+    parser.add_argument(
+        "--records", default=str(ROOT / "benchmarks/results/quality"),
+        help="where each run's scores are also kept, per settings (committed: the table resumes "
+        "on another machine)",
+    )  # fmt: skip
     parser.add_argument("--table-only", action="store_true", help="build the table, run nothing")
     args = parser.parse_args(argv)
 
@@ -666,25 +699,26 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     runs = out / "runs" / settings_tag(args)
     runs.mkdir(parents=True, exist_ok=True)
+    records = Path(args.records).resolve() / settings_tag(args)
+    records.mkdir(parents=True, exist_ok=True)
     folder = out / "pipeline"
     if not args.table_only:
         t0 = time.perf_counter()
         pairs = mine(args, out)
         print(f"mined: {', '.join(pairs)} in {time.perf_counter() - t0:.0f} s", flush=True)
         pipeline = yaml.safe_load((folder / "params.yaml").read_text())
-        base = untrained(runs, pipeline, args)
+        base = untrained(runs, records, pipeline, args)
         # Seed-major: a table cut short still holds whole seeds, so its differences are paired.
         for seed in args.seeds:
             for start in args.starts:
                 for name in args.rows:
                     if start != "cls" and (ROWS[name].prompt or name not in args.mean_rows):
                         continue
-                    run_one(runs, name, start, seed, pairs, pipeline, args)
+                    run_one(runs, records, name, start, seed, pairs, pipeline, args)
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
-    records = [json.loads(p.read_text()) for p in sorted(runs.glob("*/*/seed*/scores.json"))]
-    base_path = runs / "untrained/scores.json"
+    base_path = records / "untrained.json"
     base = json.loads(base_path.read_text()) if base_path.exists() else {}
-    summary = summarize(records)
+    summary = summarize(load_records(runs, records))
     text = markdown(summary, base, settings_of(args))
     lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
              targets(summary, start)]  # fmt: skip

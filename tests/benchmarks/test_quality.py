@@ -180,3 +180,26 @@ def test_hardness_plot_places_each_negatives_row_at_its_samplers_cosine(records,
     assert [(p[0], p[1]) for p in points] == [("peer", 0.38), ("ipw_calibrated", 0.27)]
     assert points[1][2] == pytest.approx(77.666666, abs=1e-4)
     assert (tmp_path / "h.png").stat().st_size > 10_000
+
+
+def test_records_kept_in_the_repository_resume_the_table_and_the_runs(tmp_path, capsys):
+    """A run recorded under ``--records`` (another machine's) is not run again and enters the
+    table; where a run folder and a record both hold a (row, start, seed), the folder's wins; a
+    run folder's scores not yet recorded are recorded when the driver passes them."""
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    quality.write_json(quality.record_path(records, "simcse", "cls", 1), record("simcse", 1, 75.0))
+    quality.write_json(quality.record_path(records, "peer", "cls", 1), record("peer", 1, 70.0))
+    quality.write_json(runs / "peer/cls/seed1/scores.json", record("peer", 1, 76.0))
+    quality.write_json(runs / "uniform/cls/seed2/scores.json", record("uniform", 2, 77.0))
+    got = {(r["row"], r["seed"]): r["avg"] for r in quality.load_records(runs, records)}
+    assert got == {("simcse", 1): 75.0, ("peer", 1): 76.0, ("uniform", 2): 77.0}
+    # Neither is trained again (no pipeline, no pairs: a run would fail here).
+    quality.run_one(runs, records, "simcse", "cls", 1, {}, {}, None)
+    quality.run_one(runs, records, "uniform", "cls", 2, {}, {}, None)
+    assert capsys.readouterr().out.count("done before, kept") == 2
+    kept = quality.record_path(records, "uniform", "cls", 2)
+    assert json.loads(kept.read_text())["avg"] == 77.0
+    # DenoSent's start is its prompt, whatever start the row is asked for.
+    quality.write_json(quality.record_path(records, "denosent", "mask", 1), record("denosent", 1, 1))
+    quality.run_one(runs, records, "denosent", "cls", 1, {}, {}, None)
+    assert capsys.readouterr().out.count("done before, kept") == 1
