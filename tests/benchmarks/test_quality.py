@@ -200,6 +200,8 @@ def test_records_kept_in_the_repository_resume_the_table_and_the_runs(tmp_path, 
     kept = quality.record_path(records, "uniform", "cls", 2)
     assert json.loads(kept.read_text())["avg"] == 77.0
     # DenoSent's start is its prompt, whatever start the row is asked for.
-    quality.write_json(quality.record_path(records, "denosent", "mask", 1), record("denosent", 1, 1))
+    quality.write_json(
+        quality.record_path(records, "denosent", "mask", 1), record("denosent", 1, 1)
+    )
     quality.run_one(runs, records, "denosent", "cls", 1, {}, {}, None)
     assert capsys.readouterr().out.count("done before, kept") == 1
