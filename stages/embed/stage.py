@@ -176,9 +176,17 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
     return dataset, "embedded" if dataset.num_rows else "empty"
 
 
+def batch_dependent(cfg: EmbedConfig) -> bool:
+    """Whether a text's vector depends on the batch it is encoded in beyond float rounding:
+    onnxruntime's int8 quantises activations with one scale per batch tensor (docs/mine.md), so
+    its batch size (and the texts' order, fixed by the input) is part of the fingerprint."""
+    return cfg.engine == "onnxruntime" and cfg.compute_type != "float32"
+
+
 def _params(cfg: EmbedConfig) -> dict[str, Any]:
     # Device, batch size and threads change results only by float rounding: a run may resume
-    # elsewhere. compute_type matters only to the ctranslate2 and onnxruntime engines.
+    # elsewhere (but see batch_dependent). compute_type matters only to the ctranslate2 and
+    # onnxruntime engines.
     return cfg.model_dump(
         exclude={
             "device",
@@ -374,9 +382,10 @@ def _embed_dataset(
     section = cfg.model_dump()
     if cfg.engine == "transformers":
         section["compute_type"] = None  # the transformers engine computes in dtype
-    fp = fingerprint(
-        STAGE, section, {"input": source, "also": also}, {"dataset": name, "status": status}
-    )
+    extra: dict[str, Any] = {"dataset": name, "status": status}
+    if batch_dependent(cfg):
+        extra["batch_size"] = cfg.batch_size  # a resumed run must not mix two batchings
+    fp = fingerprint(STAGE, section, {"input": source, "also": also}, extra)
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0
     n_shards = len(source) if source is not None else 0

@@ -59,12 +59,23 @@ def test_embed_command_with_the_onnxruntime_engine(tiny_bert, mining_inputs, tmp
     assert "exporting" not in again.stderr and "quantising" not in again.stderr
     assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 0
 
+    # int8 vectors depend on their batch: another batch size embeds again, not reusing them.
+    rebatched = run_cli([*args, "--batch-size", "8"], cwd=root)
+    assert rebatched.returncode == 0, rebatched.stderr
+    assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 6
+    by8 = load_vectors(open_embeddings(root / "data/embeddings/sentences"), ids)
+    assert np.abs(by8 - got).max() > 1e-4  # so reusing the batch-16 vectors would mix two
+
     # The engine is part of the fingerprint: float32 embeds again and says so.
     f32 = run_cli([*args, "--compute-type", "float32"], cwd=root)
     assert f32.returncode == 0, f32.stderr
     assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 6
     manifest = open_embeddings(root / "data/embeddings/sentences").manifest["encoder"]
     assert manifest["compute_type"] == "float32"
+    # float32 depends on its batch by float rounding only: another batch size reuses it.
+    f32b = run_cli([*args, "--compute-type", "float32", "--batch-size", "8"], cwd=root)
+    assert f32b.returncode == 0, f32b.stderr
+    assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 0
 
     bad = run_cli([*args, "--compute-type", "int8_float16"], cwd=root)
     assert bad.returncode == 2
