@@ -3,8 +3,9 @@ kernel ISA (``cpu_isa``, i.e. ``CT2_FORCE_CPU_ISA``), its GEMM backend (``CT2_US
 MKL is the default on Intel CPUs, oneDNN on the others) and the thread count.
 
 Pinned ISA + float32 gives the same bytes, greedy and sampled, under both backends and any
-thread count; int8 differs between the backends (the demo's en-de-en identical-to-source count
-went 509 -> 503 from an Intel to an AMD machine), and float32 samples differ between ISAs.
+thread count; int8 can differ between the backends (the demo's en-de-en identical-to-source count
+went 509 -> 503 from an Intel to an AMD machine; on another AMD EPYC the tiny test model's int8
+outputs agreed), and float32 samples differ between ISAs.
 ``cpu_isa`` must reach CTranslate2 before its library loads: set later, the log names it but
 some kernels stay the CPU's best (the probes below run in fresh processes)."""
 
@@ -90,9 +91,12 @@ def test_pinned_isa_float32_is_identical_across_backends_and_threads(tiny_marian
     greedy = runs["0"]["float32 threads=1 greedy"]
     assert len({o[0] for o in greedy}) > 10  # outputs depend on the input
     assert runs["0"]["float32 threads=1 sample"] != greedy
-    # What the pin and float32 protect against: int8 GEMMs of MKL and oneDNN round apart,
-    # and CTranslate2's vectorised kernels differ from its generic ones.
-    assert runs["0"]["int8 threads=2 greedy"] != runs["1"]["int8 threads=2 greedy"]
+    # What float32 protects against: int8 moves the logits enough that the samples change, and
+    # MKL's and oneDNN's int8 GEMMs can round apart (on the Intel machine, the demo's en-de-en
+    # 509 -> 503; on an AMD EPYC the two agreed on this tiny model, so that is not asserted).
+    for mkl in "01":
+        assert runs[mkl]["int8 threads=2 sample"] != runs[mkl]["float32 threads=2 sample"]
+    # And what the pin protects against: CTranslate2's vectorised kernels differ from its generic ones.
     if isa != "GENERIC":
         # (Greedy survives that here; the sampler's inverse CDF sees the small logit changes.)
         generic = probe(tiny_marian, texts, tmp_path, "GENERIC", [["float32", 2]])
