@@ -96,7 +96,8 @@ def test_pinned_isa_float32_is_identical_across_backends_and_threads(tiny_marian
     # 509 -> 503; on an AMD EPYC the two agreed on this tiny model, so that is not asserted).
     for mkl in "01":
         assert runs[mkl]["int8 threads=2 sample"] != runs[mkl]["float32 threads=2 sample"]
-    # And what the pin protects against: CTranslate2's vectorised kernels differ from its generic ones.
+    # And what the pin protects against: CTranslate2's vectorised kernels differ from its
+    # generic ones.
     if isa != "GENERIC":
         # (Greedy survives that here; the sampler's inverse CDF sees the small logit changes.)
         generic = probe(tiny_marian, texts, tmp_path, "GENERIC", [["float32", 2]])
