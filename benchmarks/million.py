@@ -23,6 +23,9 @@ and peak RSS (wait4's ``ru_maxrss``: the largest resident set, file-backed pages
 printed with the steps the stages report in their metrics (index build, search, pools; sampling),
 the recall@k of the IVF index against exact search on ``recall_sample`` anchors, and the 1M / 100k
 ratios. Target (issue 16): the peak at the large size at most 1.5x that at the small one.
+``--nprobe`` and ``--pool-cap`` change the two settings that decide the search's cost: with the
+profile's (``nprobe`` = nlist / 32, so a query scans 1/32 of the corpus, and pools deepened up to
+1,024 neighbours while the band lasts) mining grows with the square of the corpus.
 The runs are kept in ``--work/million.json``; the load average is printed before and after.
 """
 
@@ -107,14 +110,20 @@ def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
     writer.finalize(len(sentences), extra={"encoder": info})
 
 
-def params(folder: Path, rows_per_shard: int) -> dict:
-    """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index."""
+def params(folder: Path, args) -> dict:
+    """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index,
+    ``--nprobe`` and ``--pool-cap`` when given."""
     import yaml
 
     p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
-    p["ingest"].update(root=str(folder), inputs=["corpus.txt"], rows_per_shard=rows_per_shard,
-                       chunk_rows=min(rows_per_shard, 100_000))  # fmt: skip
+    rps = args.rows_per_shard
+    p["ingest"].update(root=str(folder), inputs=["corpus.txt"], rows_per_shard=rps,
+                       chunk_rows=min(rps, 100_000))  # fmt: skip
     p["mine"].update(candidates=None, rewrites=None, index="ivf")
+    if args.nprobe:
+        p["mine"]["nprobe"] = args.nprobe
+    if args.pool_cap is not None:
+        p["mine"]["pool_cap"] = args.pool_cap or None
     p["sample"].update(candidates=None, rewrites=None)
     return p
 
@@ -128,7 +137,7 @@ def run_size(args, texts: list[str], origin: list, base: np.ndarray, real: dict[
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     write_corpus(folder / "corpus.txt", texts)
-    p = params(folder, args.rows_per_shard)
+    p = params(folder, args)
     (folder / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
     log = folder / "log.txt"
     env = base_env()
@@ -195,6 +204,11 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--rows-per-shard", type=int, default=50_000)
     ap.add_argument("--noise", type=float, default=0.75, help="norm of a copy's noise")
+    ap.add_argument(
+        "--nprobe", type=int, default=None, help="IVF cells per query (default: the profile's)"
+    )
+    ap.add_argument("--pool-cap", type=int, default=None,
+                    help="mine.pool_cap (default: the profile's 1024; 0: k only, no deepening)")  # fmt: skip
     ap.add_argument("--work", default="/tmp/pairforge-bench-million")
     ap.add_argument("--keep", action="store_true", help="keep each size's datasets")
     args = ap.parse_args()

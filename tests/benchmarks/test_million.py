@@ -43,13 +43,16 @@ def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
     base = _unit(np.random.default_rng(0).standard_normal((len(real_texts), 32)))
     base[:, 0] += 2.0  # a shared direction: cosines spread over the band, not all near 0
     base = _unit(base)
-    args = SimpleNamespace(work=str(tmp_path), rows_per_shard=250, noise=0.75, keep=True)
+    args = SimpleNamespace(
+        work=str(tmp_path), rows_per_shard=250, noise=0.75, keep=True, nprobe=4, pool_cap=0
+    )
     runs = [million.run_size(args, texts[:n], origin[:n], base, real) for n in (300, 600)]
     for r in runs:
         assert set(r["steps"]) == {"mine", "sample"}
         for step in r["steps"].values():
             assert step["seconds"] > 0 and step["peak_mib"] > 50
-        assert r["mine"]["index"]["kind"] == "ivf"
+        assert r["mine"]["index"]["kind"] == "ivf" and r["mine"]["index"]["nprobe"] == 4
+        assert r["mine"]["pool_size"]["max"] <= 64  # pool_cap 0: k only, no deepening
         assert 0 < r["mine"]["index"]["recall_at_k"] <= 1
         assert r["sample"]["anchors"] == r["n"]
     folder = tmp_path / "n600"
