@@ -8,7 +8,9 @@ Only ``mine`` and ``sample`` are timed (the title's claim): the texts go through
 ingest`` untimed, and the vectors are **MiniLM's embeddings replicated with noise**, not
 computed (embedding 1M sentences takes about 45 minutes on this 2-core CPU; ``benchmarks/mine.py``
 times embedding). The corpus is ``benchmarks/mine_corpus.build_corpus(n)``: the Wikipedia and SNLI
-sentences of ``$PAIRFORGE_SHARED_DATA`` then one-word perturbed copies of them. The real
+sentences of ``$PAIRFORGE_SHARED_DATA`` then one-word perturbed copies of them, built once at
+``--corpus-size`` (1M) and shuffled, each size its prefix (so 100k holds about 3.7k real
+sentences and 96k copies, about 27 per real sentence at 1M). The real
 sentences are embedded once by the demo encoder (MiniLM-L6, mean pooling; cached under
 ``--work``); a copy's vector is its origin's plus Gaussian noise of norm about ``--noise``,
 renormalised (cosine about 0.8 to its origin and 0.64 between two copies of one origin at the
@@ -203,6 +205,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--rows-per-shard", type=int, default=50_000)
+    ap.add_argument(
+        "--corpus-size", type=int, default=1_000_000, help="the corpus each size is a prefix of"
+    )
     ap.add_argument("--noise", type=float, default=0.75, help="norm of a copy's noise")
     ap.add_argument(
         "--nprobe", type=int, default=None, help="IVF cells per query (default: the profile's)"
@@ -218,11 +223,12 @@ def main() -> None:
     print(f"load average before: {_load()} on {os.cpu_count()} cores", flush=True)
     real_texts, base = real_vectors(work)
     real = {t: i for i, t in enumerate(real_texts)}
-    # One corpus; each size is its prefix (benchmarks/mine.py builds the same one).
-    texts, origin = build_corpus(max(100_000, *args.sizes))
+    # One corpus of --corpus-size (shuffled); each size is its prefix, so a 100k run is the same
+    # sentences whichever other sizes run beside it.
+    texts, origin = build_corpus(max(args.corpus_size, *args.sizes))
     runs = []
     t0 = time.perf_counter()
-    for n in args.sizes:
+    for n in sorted(args.sizes):  # table() compares the smallest with the largest
         runs.append(run_size(args, texts[:n], origin[:n], base, real))
         (work / "million.json").write_text(json.dumps(runs, indent=1))
     print(f"\nload average after: {_load()}; {time.perf_counter() - t0:.0f} s in all\n")

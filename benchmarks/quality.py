@@ -551,6 +551,8 @@ def untrained(out: Path, records: Path, pipeline: dict, args) -> dict[str, dict]
     """MiniLM as shipped, under each start pooling and DenoSent's prompt (once per settings)."""
     folder = out / "untrained"
     path = records / "untrained.json"
+    if not path.exists() and (folder / "scores.json").exists():  # a run folder from before
+        write_json(path, json.loads((folder / "scores.json").read_text()))
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         p = {"evaluate": copy.deepcopy(pipeline["evaluate"])}
@@ -586,10 +588,18 @@ def settings_of(args) -> dict[str, Any]:
 
 
 def settings_tag(args) -> str:
-    return (
+    """The folder of one configuration's runs and records: the training settings, and what else
+    changes the data (a ``--lines`` smoke corpus, another ``--peer-seed``) when not the default,
+    so that a smoke run's records never stand in for the full run's."""
+    tag = (
         f"s{args.steps}-b{args.batch}-lr{args.lr:g}-e{args.eval_every}"
         f"-dev{args.dev_pairs or 'all'}-test{args.test_pairs or 'all'}"
     )
+    if getattr(args, "lines", None):
+        tag += f"-lines{args.lines}"
+    if getattr(args, "peer_seed", 0):
+        tag += f"-peer{args.peer_seed}"
+    return tag
 
 
 def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, float]]:
@@ -699,8 +709,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     runs = out / "runs" / settings_tag(args)
     runs.mkdir(parents=True, exist_ok=True)
-    records = Path(args.records).resolve() / settings_tag(args)
-    records.mkdir(parents=True, exist_ok=True)
+    records = Path(args.records).resolve() / settings_tag(args)  # made when first written
     folder = out / "pipeline"
     if not args.table_only:
         t0 = time.perf_counter()

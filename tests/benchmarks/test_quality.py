@@ -9,6 +9,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -205,3 +206,21 @@ def test_records_kept_in_the_repository_resume_the_table_and_the_runs(tmp_path, 
     )
     quality.run_one(runs, records, "denosent", "cls", 1, {}, {}, None)
     assert capsys.readouterr().out.count("done before, kept") == 1
+
+
+def test_a_smoke_corpus_or_another_peer_seed_records_apart_from_the_full_run(tmp_path):
+    """Records are keyed by the settings tag: a ``--lines`` smoke run or another peer seed must
+    not be taken for the full run's (which keeps the tag it always had); an untrained score of
+    a run folder from before the records is recorded instead of evaluated again."""
+    full = SimpleNamespace(steps=100, batch=32, lr=3e-5, eval_every=25, dev_pairs=500,
+                           test_pairs=None, lines=None, peer_seed=0)  # fmt: skip
+    assert quality.settings_tag(full) == "s100-b32-lr3e-05-e25-dev500-testall"
+    smoke = SimpleNamespace(**{**vars(full), "lines": 400})
+    peer = SimpleNamespace(**{**vars(full), "peer_seed": 1})
+    tags = {quality.settings_tag(a) for a in (full, smoke, peer)}
+    assert len(tags) == 3
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    base = {"cls": {"avg": 73.69}}
+    quality.write_json(runs / "untrained/scores.json", base)
+    assert quality.untrained(runs, records, {}, full) == base  # no evaluate: {} has no section
+    assert json.loads((records / "untrained.json").read_text()) == base
