@@ -45,6 +45,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(1, str(ROOT))  # the tests' dataset writers (tests/stages/mining_helpers.py)
 from mine import base_env, measured, pairforge_command  # noqa: E402
 from mine_corpus import build_corpus, real_sentences, write_corpus  # noqa: E402
 
@@ -88,28 +89,19 @@ def corpus_vectors(
 
 def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
     """The embeddings dataset ``embed`` would write for ``folder``'s sentences: one shard per
-    sentence shard, the same ids in the same order, the demo encoder's record."""
-    import pyarrow as pa
+    sentence shard, the same ids in the same order, the demo encoder's record (written by the
+    tests' ``write_embeddings``, as the embed stage lays it out)."""
     from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.mining_inputs import write_vectors
-    from pairforge.pipeline.shards import DatasetWriter, open_dataset
+    from pairforge.pipeline.shards import open_dataset
+
+    from tests.stages.mining_helpers import write_embeddings as write
 
     sentences = open_dataset(folder / "data/sentences", S.SENTENCES)
-    dim = vectors.shape[1]
-    writer = DatasetWriter(
-        folder / "data/embeddings/sentences", S.embeddings_spec(dim), stage="embed",
-        params={"synthetic": "replicated with noise"}, fingerprint="million",
-    )  # fmt: skip
-    start = 0
-    for i in range(len(sentences)):
-        ids = sentences.read_shard(i, [S.ID])[S.ID]
-        chunk = vectors[start : start + len(ids)]
-        flat = pa.array(chunk.ravel(), pa.float32())
-        write_vectors(writer, i, pa.table({S.ID: ids, S.VECTOR: pa.FixedSizeListArray.from_arrays(flat, dim)}))  # fmt: skip
-        start += len(ids)
-    info = {"model": ENCODER, "pooling": "mean", "prompt": None, "max_length": 128, "dim": dim,
-            "engine": "transformers", "compute_type": "float32"}  # fmt: skip
-    writer.finalize(len(sentences), extra={"encoder": info})
+    ids = sentences.read_table([S.ID])[S.ID].to_pylist()
+    shard_rows = [shard["rows"] for shard in sentences.manifest["shards"]]
+    info = {"model": ENCODER, "pooling": "mean", "prompt": None, "max_length": 128,
+            "dim": vectors.shape[1], "engine": "transformers", "compute_type": "float32"}  # fmt: skip
+    write(folder / "data/embeddings/sentences", ids, vectors, shard_rows, info)
 
 
 def params(folder: Path, args) -> dict:
