@@ -5,7 +5,9 @@
 POINT is ``manifest:N`` (right after the N-th ``_manifest.json`` of the run is written),
 ``premanifest:N`` (right before it is written: every shard finished, the dataset not),
 ``progress:N`` (right after the N-th ``_progress/`` folder is removed), ``work:N`` (right after
-the N-th ``_work/`` folder is removed) or ``metrics`` (right before the metrics file is written).
+the N-th ``_work/`` folder is removed), ``metrics`` (right before the metrics file is written)
+or ``cache:N`` (right after the first persistent-cache write that follows the N-th shard's
+``_progress/`` record: a shard part-way, some of its batches cached, itself not written).
 The process ends with ``os._exit(137)``: no ``finally``, no atexit, like a kill. The injection is
 here, not in the project: the project's code has no fault hooks.
 """
@@ -29,12 +31,22 @@ def _die() -> None:
 def install(point: str) -> None:
     """Patch the write and remove functions the stages finish with, to die at ``point``."""
     kind, _, nth = point.partition(":")
-    if kind not in ("manifest", "premanifest", "progress", "work", "metrics"):
+    if kind not in ("manifest", "premanifest", "progress", "work", "metrics", "cache"):
         raise SystemExit(f"unknown fault point {point!r}")
     target = int(nth or 1)
-    seen = {"manifest": 0, "progress": 0, "work": 0}
+    seen = {"manifest": 0, "progress": 0, "work": 0, "finished": 0}
 
+    import pairforge.pipeline.cache as cache
     import pairforge.pipeline.shards as shards
+
+    real_put = cache.KeyValueCache.put_many
+
+    def put_many(self, *args, **kwargs):
+        real_put(self, *args, **kwargs)
+        if kind == "cache" and seen["finished"] >= target:
+            _die()
+
+    cache.KeyValueCache.put_many = put_many
 
     real_json = shards.atomic_write_json
 
@@ -46,6 +58,8 @@ def install(point: str) -> None:
         if kind == "premanifest" and last:
             _die()
         real_json(path, obj, *args, **kwargs)
+        if path.parent.name == shards.PROGRESS and path.name.startswith("part-"):
+            seen["finished"] += 1
         if path.name == shards.MANIFEST:
             seen["manifest"] += 1
             if kind == "manifest" and last:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from pairforge.stages.cli import app
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli
+from tests.faults import KILLED
 from tests.stages.augment_helpers import make_sentences, write_params, write_sentences
 
 runner = CliRunner()
@@ -79,25 +78,21 @@ def test_sigkill_mid_run_then_resume_equals_a_clean_run(tmp_path, tiny_marian):
     assert expected["rows"] == 80 * 2 * 3
 
     killed = make_project(tmp_path / "killed", tiny_marian)
+    # Killed at a point, not after a delay: right after the first batch of shard 3 is cached.
     env = {"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pairforge.stages.cli", "backtranslate", "--no-progress"],
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.faults", "cache:2", "--", "backtranslate", "--no-progress"],
         cwd=killed,
         env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    marker = killed / "data/candidates/_progress/part-00001.json"
-    deadline = time.monotonic() + 120
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # into shard 2: some of its batches are in the cache, the shard is not written
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert proc.returncode == KILLED, f"the kill point was not reached: {proc.stderr[-2000:]}"
     assert not (killed / "data/candidates/_manifest.json").exists()
+    assert not (killed / "data/candidates/data/part-00002.parquet").exists()
     done_before = sorted(p.name for p in (killed / "data/candidates/_progress").glob("part-*.json"))
-    assert 2 <= len(done_before) < 4
+    assert done_before == ["part-00000.json", "part-00001.json"], proc.stderr
 
     resumed = run_cli(["backtranslate"], cwd=killed)
     assert resumed.returncode == 0, resumed.stderr
@@ -105,6 +100,9 @@ def test_sigkill_mid_run_then_resume_equals_a_clean_run(tmp_path, tiny_marian):
     assert snapshot(killed) == expected
     metrics = json.loads((killed / "metrics/backtranslate.json").read_text())
     assert metrics["candidates_out"] == expected["rows"]
+    clean_metrics = json.loads((clean / "metrics/backtranslate.json").read_text())
+    # The batch cached before the kill is read back, not translated again.
+    assert metrics["translations"]["cache_hits"] > clean_metrics["translations"]["cache_hits"]
 
 
 @pytest.mark.slow
@@ -123,32 +121,22 @@ def test_ctranslate2_sampling_killed_at_several_points_resumes_byte_identical(
     killed = make_project(tmp_path / "killed", tiny_marian, "ctranslate2", sentences=200)
     progress = killed / "data/candidates/_progress"
     env = {"PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1", "PATH": "/usr/bin:/bin"}
-    kills = []
-    for delay in (0.0, 0.1, 0.2, 0.05, 0.15):
-        done = len(list(progress.glob("part-*.json"))) if progress.exists() else 0
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pairforge.stages.cli", "backtranslate", "--no-progress"],
+    finished = []
+    # cache:N: killed right after the first batch cached once this run has finished N shards of
+    # its own (0: its very first batch). Each run resumes the last one's shards and batches.
+    for point in ("cache:0", "cache:1", "cache:2", "cache:0", "cache:1"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "tests.faults", point, "--", "backtranslate", "--no-progress"],
             cwd=killed,
             env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
-        # Kill once this run has finished a shard of its own, `delay` s into the next one.
-        deadline = time.monotonic() + 180
-        while proc.poll() is None and time.monotonic() < deadline:
-            if progress.exists() and len(list(progress.glob("part-*.json"))) > done:
-                break
-            time.sleep(0.01)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if (
-            proc.returncode != -signal.SIGKILL
-            or (killed / "data/candidates/_manifest.json").exists()
-        ):
-            break  # this run finished its dataset first: nothing left to kill
-        kills.append(len(list(progress.glob("part-*.json"))))
-    assert len(kills) >= 3, f"too few runs were killed mid-way: {kills}"
+        assert proc.returncode == KILLED, f"{point} not reached: {proc.stderr[-2000:]}"
+        assert not (killed / "data/candidates/_manifest.json").exists()
+        finished.append(len(list(progress.glob("part-*.json"))) if progress.exists() else 0)
+    assert finished == [0, 1, 3, 3, 4]
     resumed = run_cli(["backtranslate", "--no-progress"], cwd=killed)
     assert resumed.returncode == 0, resumed.stderr
     assert snapshot(killed) == expected
