@@ -1,7 +1,9 @@
 """What the mining stages (embed, mine, sample, report) read, and how they check it.
 
 - embeddings: read back as one float32 ``(n, d)`` matrix, checked (finite, unit norm, aligned with
-  the dataset they embed, made by the same encoder as the other embeddings in the run);
+  the dataset they embed, made by the same encoder as the other embeddings in the run), in memory
+  (``load_vectors``) or spilled to a file under the stage's ``_work`` and memory-mapped
+  (``spill_vectors``: the resident pages are those a step touches, not the matrix);
 - texts: a read-only sequence view over an Arrow string column, so a million-sentence corpus is
   not turned into a million Python strings when only the rows a pool touches are needed.
 """
@@ -9,8 +11,10 @@
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +172,82 @@ def load_vectors(dataset: Dataset, ids: pa.Array | None = None) -> np.ndarray:
     if ids is not None:
         check_aligned(pa.chunked_array(got_ids, pa.string()), ids, str(dataset.path))
     return out
+
+
+GATHER = 16_384  # rows per chunk of a gather of scattered rows from a mapped matrix
+
+
+def no_release() -> None:
+    """The ``release`` of a matrix held in memory: nothing to drop."""
+
+
+def take_rows(
+    vectors: np.ndarray, rows: np.ndarray, release: Callable[[], None] = no_release
+) -> np.ndarray:
+    """``vectors[rows]`` gathered ``GATHER`` rows at a time, ``release`` after each chunk."""
+    out = np.empty((len(rows), vectors.shape[1]), dtype=vectors.dtype)  # (r, d)
+    for start in range(0, len(rows), GATHER):
+        out[start : start + GATHER] = vectors[rows[start : start + GATHER]]
+        release()
+    return out
+
+
+VECTOR_FILE = "vectors.f32"  # spill_vectors' file in a stage's _work: raw float32, row-major
+
+
+class MappedVectors:
+    """A float32 ``(n, d)`` matrix in a file, memory-mapped read-only: ``array`` is the matrix,
+    ``release()`` drops the pages this process touched from its resident set (they stay in the
+    page cache: the next touch costs no disk read while memory is free). Steps that scan or
+    gather the whole corpus call ``release`` between blocks, so a million 384-d vectors
+    (1.43 GiB) cost the resident memory of a block."""
+
+    def __init__(self, path: str | Path, n: int, dim: int) -> None:
+        self.path = Path(path)
+        self._map: mmap.mmap | None = None
+        if n * dim:
+            with open(self.path, "rb") as fh:
+                self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            if len(self._map) != 4 * n * dim:
+                raise DataIntegrityError(
+                    f"{self.path}: {len(self._map)} bytes where {n} x {dim} float32 vectors "
+                    f"take {4 * n * dim}"
+                )
+            self.array = np.frombuffer(self._map, dtype=np.float32).reshape(n, dim)  # (n, d)
+        else:
+            self.array = np.empty((n, dim), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def release(self) -> None:
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+
+def spill_vectors(dataset: Dataset, ids: pa.Array | None, folder: str | Path) -> MappedVectors:
+    """``load_vectors``' matrix written to ``folder/vectors.f32`` (atomically) one row group
+    at a time and mapped (``MappedVectors``): the same checked, renormalised float32 values,
+    without holding them in memory. A worker process maps the same file with
+    ``MappedVectors(path, n, dim)``."""
+    dim, _ = embeddings_layout(dataset.path)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / VECTOR_FILE
+    tmp = folder / f".{VECTOR_FILE}.tmp-{os.getpid()}"
+    got_ids = []
+    try:
+        with open(tmp, "wb") as fh:
+            for index in range(len(dataset)):
+                for shard_ids, vectors in iter_vectors(dataset, index):
+                    fh.write(np.ascontiguousarray(vectors, dtype=np.float32).data)
+                    got_ids.append(shard_ids)
+        if ids is not None:
+            check_aligned(pa.chunked_array(got_ids, pa.string()), ids, str(dataset.path))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return MappedVectors(path, dataset.num_rows, dim)
 
 
 def check_aligned(

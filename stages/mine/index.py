@@ -15,15 +15,22 @@ Approximate kinds trade recall for speed: check it with :func:`measure_recall` o
 Every entry point validates its vectors (float32, 2-D, finite, unit norm within ``norm_tol``) and
 raises ValueError / TypeError naming the problem, because FAISS itself accepts NaNs and unnormalised
 rows silently and returns meaningless neighbours.
+
+The corpus matrix may be memory-mapped (``pipeline/mining_inputs.MappedVectors``): every full pass
+over it (checks, adding, exact search) goes ``BLOCK`` rows at a time and calls ``release`` after
+each block, and gathers go ``take_rows``' chunks at a time, so the pages resident at once are a block's,
+not the matrix's (a million 384-d vectors are 1.43 GiB).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import faiss
 import numpy as np
+from pairforge.pipeline.mining_inputs import no_release, take_rows
 
 __all__ = [
     "IndexKind",
@@ -41,17 +48,22 @@ DEFAULT_NORM_TOL = 1e-3
 # Above this many vectors "auto" switches from exact to IVF search: exact all-pairs search costs
 # n^2 d flops, about 8e12 (minutes on a few CPU cores) at 1e5 vectors of d=768.
 DEFAULT_FLAT_MAX = 100_000
+BLOCK = 65_536  # rows per block of a full pass over the corpus (96 MiB at d = 384)
 
 
 def check_vectors(
-    vectors: np.ndarray, name: str = "vectors", norm_tol: float | None = DEFAULT_NORM_TOL
+    vectors: np.ndarray,
+    name: str = "vectors",
+    norm_tol: float | None = DEFAULT_NORM_TOL,
+    release: Callable[[], None] = no_release,
 ) -> np.ndarray:
     """Return ``vectors`` as a C-contiguous float32 ``(n, d)`` array after validating it.
 
     Raises TypeError for a non-array or a dtype other than float32 (no silent cast: a float64
     matrix here usually means an upstream step skipped its own conversion), and ValueError for the
     wrong number of dimensions, an empty array, NaN/inf entries (naming the first bad row) or rows
-    whose L2 norm is farther than ``norm_tol`` from 1 (``norm_tol=None`` skips that check).
+    whose L2 norm is farther than ``norm_tol`` from 1 (``norm_tol=None`` skips that check). The
+    values are read ``BLOCK`` rows at a time, ``release`` after each block.
     """
     if not isinstance(vectors, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(vectors).__name__}")
@@ -62,21 +74,31 @@ def check_vectors(
     n, d = vectors.shape
     if n == 0 or d == 0:
         raise ValueError(f"{name} is empty, shape {vectors.shape}")
-    finite = np.isfinite(vectors).all(axis=1)  # (n,)
-    if not finite.all():
-        bad = np.flatnonzero(~finite)
+    bad, first_bad = 0, -1
+    worst, worst_err, worst_norm = -1, -1.0, 1.0
+    for start in range(0, n, BLOCK):
+        block = vectors[start : start + BLOCK]  # (b, d)
+        finite = np.isfinite(block).all(axis=1)  # (b,)
+        if not finite.all():
+            if first_bad < 0:
+                first_bad = start + int(np.flatnonzero(~finite)[0])
+            bad += int((~finite).sum())
+        elif norm_tol is not None and not bad:
+            norms = np.sqrt(np.einsum("ij,ij->i", block, block))  # (b,)
+            err = np.abs(norms - 1.0)
+            row = int(np.argmax(err))
+            if err[row] > worst_err:
+                worst, worst_err, worst_norm = start + row, float(err[row]), float(norms[row])
+        release()
+    if bad:
         raise ValueError(
-            f"{name} contains NaN or infinite values in {bad.size} of {n} rows (first: row {bad[0]})"
+            f"{name} contains NaN or infinite values in {bad} of {n} rows (first: row {first_bad})"
         )
-    if norm_tol is not None:
-        norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors))  # (n,)
-        err = np.abs(norms - 1.0)
-        worst = int(np.argmax(err))
-        if err[worst] > norm_tol:
-            raise ValueError(
-                f"{name} are not L2-normalised: row {worst} has norm {norms[worst]:.6g} "
-                f"(tolerance {norm_tol}); normalise them so that inner product equals cosine"
-            )
+    if norm_tol is not None and worst_err > norm_tol:
+        raise ValueError(
+            f"{name} are not L2-normalised: row {worst} has norm {worst_norm:.6g} "
+            f"(tolerance {norm_tol}); normalise them so that inner product equals cosine"
+        )
     return np.ascontiguousarray(vectors)
 
 
@@ -110,6 +132,7 @@ def build_index(
     norm_tol: float | None = DEFAULT_NORM_TOL,
     ivf_codec: Literal["flat", "sq8"] = "flat",
     train_iterations: int = 25,
+    release: Callable[[], None] = no_release,
 ) -> faiss.Index:
     """Build an inner-product index holding ``vectors`` (float32, ``(n, d)``, L2-normalised).
 
@@ -121,9 +144,10 @@ def build_index(
     full (``flat``) or as 8-bit scalars (``sq8``). HNSW: ``hnsw_m`` links per node, ``ef_construction``
     and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
     :func:`gpu_available`; ``True`` demands it (RuntimeError otherwise; ValueError for HNSW, which
-    faiss cannot run on GPU); ``False`` stays on CPU.
+    faiss cannot run on GPU); ``False`` stays on CPU. The vectors are read and added ``BLOCK``
+    rows at a time, ``release`` after each block (see the module docstring).
     """
-    vectors = check_vectors(vectors, "vectors", norm_tol)
+    vectors = check_vectors(vectors, "vectors", norm_tol, release)
     n, d = vectors.shape
     if kind == "auto":
         kind = "flat" if n <= flat_max else "ivf"
@@ -137,8 +161,12 @@ def build_index(
         index.hnsw.efConstruction = ef_construction
         index.hnsw.efSearch = ef_search
     else:
-        index = _trained_ivf(vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations)
-    index.add(vectors)
+        index = _trained_ivf(
+            vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations, release
+        )
+    for start in range(0, n, BLOCK):
+        index.add(np.ascontiguousarray(vectors[start : start + BLOCK]))
+        release()
     if on_gpu:
         index = faiss.index_cpu_to_all_gpus(index)
     return index
@@ -202,6 +230,7 @@ def _trained_ivf(
     seed: int,
     ivf_codec: str,
     train_iterations: int,
+    release: Callable[[], None] = no_release,
 ) -> faiss.Index:
     """An empty IVF index (``IndexIVFFlat``, or ``IndexIVFScalarQuantizer`` for ``sq8``) whose
     ``nlist`` cells k-means trained on a ``seed``-drawn sample of ``train_size`` rows of
@@ -220,7 +249,7 @@ def _trained_ivf(
     index.cp.seed = seed
     index.cp.niter = train_iterations
     rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
-    index.train(vectors[rows])
+    index.train(take_rows(vectors, rows, release))
     index.nprobe = min(nprobe, nlist)
     return index
 
@@ -290,13 +319,15 @@ def measure_recall(
     sample_size: int = 1000,
     seed: int = 0,
     norm_tol: float | None = DEFAULT_NORM_TOL,
+    release: Callable[[], None] = no_release,
 ) -> float:
     """Recall@k of ``index`` against exact search, on a seeded sample of ``vectors`` as queries.
 
     ``index`` must have been built from exactly ``vectors`` (ids are row numbers). Exact neighbours
-    come from brute force over ``vectors`` (``faiss.knn``), so no second index is built.
+    come from brute force over ``vectors``, ``BLOCK`` rows at a time (``release`` after each), so
+    no second index is built.
     """
-    vectors = check_vectors(vectors, "vectors", norm_tol)
+    vectors = check_vectors(vectors, "vectors", norm_tol, release)
     if index.ntotal != vectors.shape[0]:
         raise ValueError(
             f"index holds {index.ntotal} vectors but {vectors.shape[0]} were given: "
@@ -304,7 +335,23 @@ def measure_recall(
         )
     n = vectors.shape[0]
     rows = np.sort(np.random.default_rng(seed).choice(n, size=min(sample_size, n), replace=False))
-    queries = vectors[rows]  # (s, d)
+    queries = take_rows(vectors, rows, release)  # (s, d)
     _, approx = search(index, queries, k, norm_tol=None)
-    _, exact = faiss.knn(queries, vectors, k, metric=faiss.METRIC_INNER_PRODUCT)
-    return recall_at_k(approx, exact)
+    return recall_at_k(approx, exact_knn(queries, vectors, k, release))
+
+
+def exact_knn(
+    queries: np.ndarray, vectors: np.ndarray, k: int, release: Callable[[], None] = no_release
+) -> np.ndarray:
+    """Ids ``(len(queries), k)`` of the exact top-``k`` inner products of ``queries`` over
+    ``vectors``, by brute force ``BLOCK`` corpus rows at a time (``release`` after each)."""
+    heap = faiss.ResultHeap(len(queries), k, keep_max=True)
+    for start in range(0, len(vectors), BLOCK):
+        block = np.ascontiguousarray(vectors[start : start + BLOCK])  # (b, d)
+        scores, ids = faiss.knn(
+            queries, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT
+        )
+        heap.add_result(scores, np.where(ids >= 0, ids + start, -1))
+        release()
+    heap.finalize()
+    return heap.I

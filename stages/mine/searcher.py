@@ -4,6 +4,7 @@ searched in batches, with exact rescoring when the index stores approximate vect
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -11,9 +12,13 @@ from typing import Any, NamedTuple
 import faiss
 import numpy as np
 from pairforge.pipeline.errors import ConfigError
-from pairforge.stages.mine.index import _default_nlist, build_index, gpu_available, search
+from pairforge.pipeline.mining_inputs import no_release
+from pairforge.stages.mine.index import BLOCK, _default_nlist, build_index, gpu_available, search
 
 INDEX_FILE = "index.faiss"
+# Queries per chunk of the exact rescoring: a chunk touches k scattered corpus rows per query,
+# and the corpus's pages are released after each chunk (a mapped matrix stays small in memory).
+RESCORE_CHUNK = 512
 
 
 @dataclass(frozen=True)
@@ -49,37 +54,50 @@ class Searcher:
 
     ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
     8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
+    ``release`` is called whenever a step has touched ``vectors`` (``MappedVectors.release``
+    for a memory-mapped matrix: the resident pages stay those of a chunk).
     """
 
     def __init__(
-        self, index: faiss.Index, vectors: np.ndarray, k: int, batch: int, rescore: bool = False
+        self,
+        index: faiss.Index,
+        vectors: np.ndarray,
+        k: int,
+        batch: int,
+        rescore: bool = False,
+        release: Callable[[], None] = no_release,
     ) -> None:
         self.index = index
         self.vectors = vectors  # (n, d) float32, row i is corpus row i
         self.k = k
         self.batch = batch
         self.rescore = rescore
+        self.release = release
 
     def neighbours(self, rows: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded;
         ``k`` defaults to the searcher's."""
         k = self.k if k is None else k
-        scores, ids = search(self.index, self.vectors[rows], k, self.batch, norm_tol=None)
+        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
+        self.release()
+        scores, ids = search(self.index, queries, k, self.batch, norm_tol=None)
         if not self.rescore:
             return scores, ids
-        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
         safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
         exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
-        # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
-        faiss.fvec_inner_products_by_idx(
-            faiss.swig_ptr(exact),
-            faiss.swig_ptr(queries),
-            faiss.swig_ptr(self.vectors),
-            faiss.swig_ptr(safe),
-            queries.shape[1],
-            ids.shape[0],
-            ids.shape[1],
-        )
+        for lo in range(0, len(rows), RESCORE_CHUNK):
+            hi = min(len(rows), lo + RESCORE_CHUNK)
+            # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
+            faiss.fvec_inner_products_by_idx(
+                faiss.swig_ptr(exact[lo:hi]),
+                faiss.swig_ptr(queries[lo:hi]),
+                faiss.swig_ptr(self.vectors),
+                faiss.swig_ptr(safe[lo:hi]),
+                queries.shape[1],
+                hi - lo,
+                ids.shape[1],
+            )
+            self.release()
         exact[ids < 0] = -np.inf
         order = np.argsort(-exact, axis=1, kind="stable")
         return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
@@ -129,29 +147,40 @@ def _band_open(scores: np.ndarray, ids: np.ndarray, low: float) -> np.ndarray:
 
 
 def band_sizes(
-    vectors: np.ndarray, rows: np.ndarray, low: float, high: float, block_bytes: int = 1 << 26
+    vectors: np.ndarray,
+    rows: np.ndarray,
+    low: float,
+    high: float,
+    block_bytes: int = 1 << 26,
+    release: Callable[[], None] = no_release,
 ) -> np.ndarray:
     """Exact number of other corpus rows with a cosine in ``[low, high]`` to each of ``rows``,
-    shape ``(len(rows),)``, by brute force in query blocks of about ``block_bytes`` of scores
-    (memory stays bounded at any corpus size). For the coverage check on a sample of anchors."""
+    shape ``(len(rows),)``, by brute force in blocks of ``BLOCK`` corpus rows (``release``
+    after each) and about ``block_bytes`` of scores (memory stays bounded at any corpus size).
+    For the coverage check on a sample of anchors."""
     n = len(vectors)
-    per = max(1, block_bytes // (4 * n))
-    out = np.empty(len(rows), dtype=np.int64)
+    queries = np.ascontiguousarray(vectors[rows])  # (s, d)
+    out = np.zeros(len(rows), dtype=np.int64)
     lo, hi = np.float32(low), np.float32(high)
-    for start in range(0, len(rows), per):
-        r = rows[start : start + per]
-        cos = vectors[r] @ vectors.T  # (block, n)
-        cos[np.arange(len(r)), r] = np.nan  # the anchor itself is not in its band
-        out[start : start + len(r)] = ((cos >= lo) & (cos <= hi)).sum(axis=1)
+    for c0 in range(0, n, BLOCK):
+        block = vectors[c0 : c0 + BLOCK]  # (c, d)
+        per = max(1, block_bytes // (4 * len(block)))
+        for start in range(0, len(rows), per):
+            r = rows[start : start + per]
+            cos = queries[start : start + per] @ block.T  # (q, c)
+            own = (r >= c0) & (r < c0 + len(block))
+            cos[np.flatnonzero(own), r[own] - c0] = np.nan  # the anchor is not in its band
+            out[start : start + len(r)] += ((cos >= lo) & (cos <= hi)).sum(axis=1)
+        release()
     return out
 
 
 def open_index(
-    vectors: np.ndarray, work: Path, cfg: IndexSettings
+    vectors: np.ndarray, work: Path, cfg: IndexSettings, release: Callable[[], None] = no_release
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """The index over ``vectors`` and facts about it for the metrics. An approximate index is
     saved under ``work`` once built and loaded from there by a resumed run (training an IVF or
-    building an HNSW index is the costly part)."""
+    building an HNSW index is the costly part). ``release``: see ``build_index``."""
     n, d = vectors.shape
     kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
     use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
@@ -177,6 +206,7 @@ def open_index(
                 ef_search=cfg.ef_search,
                 use_gpu=use_gpu,  # type: ignore[arg-type]
                 seed=cfg.seed,
+                release=release,
             )
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(

@@ -39,11 +39,14 @@ from pairforge.pipeline.fingerprint import fingerprint
 from pairforge.pipeline.locks import writer_locks
 from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.mining_inputs import (
+    VECTOR_FILE,
     ArrowTexts,
-    load_vectors,
+    MappedVectors,
     merge_augmentations,
+    no_release,
     open_embeddings,
     own_augmentations,
+    spill_vectors,
 )
 from pairforge.pipeline.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
 from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables, pending
@@ -353,7 +356,7 @@ class MineShard:
 def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
     """A Dask worker's searcher and corpus: the driver's index read from ``index_path``
     (memory-mapped), the sentences' ids and texts, and the vectors (the flat index's own, else
-    read from the embeddings dataset)."""
+    the driver's spilled ``_work/vectors.f32``, mapped)."""
     import faiss
     from pairforge.stages.mine.searcher import Searcher, _ivf
 
@@ -365,11 +368,14 @@ def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
         # The exact index stores the vectors as they are: search them in place (mapped).
         view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
         vectors = view.reshape(index.ntotal, index.d)
+        release = no_release
     else:
-        vectors = load_vectors(open_embeddings(cfg.embeddings), ids)
+        # The driver's spilled vectors, beside the index (the page cache is shared).
+        mapped = MappedVectors(Path(index_path).with_name(VECTOR_FILE), len(ids), index.d)
+        vectors, release = mapped.array, mapped.release
     k = min(cfg.k + 1, len(vectors))
     rescore = _ivf(index) is not None and cfg.ivf_codec == "sq8"
-    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore)
+    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore, release=release)
     return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
 
 
@@ -397,7 +403,9 @@ def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
     n = len(searcher.vectors)
     rng = np.random.default_rng(cfg.seed)
     rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
-    band = band_sizes(searcher.vectors, rows, cfg.band_low, cfg.band_high)  # (s,)
+    band = band_sizes(  # (s,)
+        searcher.vectors, rows, cfg.band_low, cfg.band_high, release=searcher.release
+    )
     cap = None if cfg.pool_cap is None else cfg.pool_cap + 1
     found = searcher.band_neighbours(rows, cfg.band_low, cap)
     in_band = (found.ids >= 0) & (found.ids != rows[:, None])
@@ -553,8 +561,13 @@ def _open_searcher(
     ConfigError when the GPU index cannot return the neighbours ``pool_cap`` needs."""
     from pairforge.stages.mine.searcher import IndexSettings, Searcher, flat_view, open_index
 
-    vectors = load_vectors(embeddings, ids)
-    index, facts = open_index(vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg))
+    # The corpus's vectors go to <output>/_work, mapped: every pass over them releases its pages
+    # as it goes (stages/mine/index.py), so a million sentences do not hold 1.43 GiB resident.
+    mapped = spill_vectors(embeddings, ids, Path(cfg.output) / "_work")
+    vectors = mapped.array
+    index, facts = open_index(
+        vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg), mapped.release
+    )
     log.info(
         "mine: %s index over %d x %d vectors (%.1fs)",
         facts["kind"],
@@ -569,26 +582,34 @@ def _open_searcher(
             f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "
             "or use_gpu: no"
         )
-    facts.update(_recall(cfg, vectors, index, facts["kind"]))
-    vectors = flat_view(index, vectors)  # drop the second copy of a flat index's vectors
+    facts.update(_recall(cfg, mapped, index, facts["kind"]))
+    flat = flat_view(index, vectors)  # a flat index holds the vectors: search them there
+    release = mapped.release if flat is vectors else no_release
     rescore = facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
-    return index, Searcher(index, vectors, k, cfg.query_batch, rescore=rescore), facts
+    searcher = Searcher(index, flat, k, cfg.query_batch, rescore=rescore, release=release)
+    return index, searcher, facts
 
 
-def _recall(cfg: MineConfig, vectors: np.ndarray, index, kind: str) -> dict[str, Any]:
+def _recall(cfg: MineConfig, mapped: MappedVectors, index, kind: str) -> dict[str, Any]:
     """The index's recall facts: an approximate index's recall@k against exact search on a
     seeded sample of ``recall_sample`` anchors (none when 0), an exact one's 1.0."""
     from pairforge.stages.mine.index import measure_recall
 
     if kind != "flat" and cfg.recall_sample:
-        rk = min(cfg.k, len(vectors))
+        rk = min(cfg.k, len(mapped))
         recall = measure_recall(
-            vectors, index, k=rk, sample_size=cfg.recall_sample, seed=cfg.seed, norm_tol=None
+            mapped.array,
+            index,
+            k=rk,
+            sample_size=cfg.recall_sample,
+            seed=cfg.seed,
+            norm_tol=None,
+            release=mapped.release,
         )
         facts = {
             "recall_at_k": round(recall, 4),
             "recall_k": rk,
-            "recall_sample": min(cfg.recall_sample, len(vectors)),
+            "recall_sample": min(cfg.recall_sample, len(mapped)),
         }
         log.info(
             "mine: recall@%d of the %s index vs exact search: %.4f", rk, kind, facts["recall_at_k"]

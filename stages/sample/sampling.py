@@ -19,10 +19,12 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
 from pairforge.pipeline.mining_inputs import (
     ArrowTexts,
+    MappedVectors,
     check_same_encoder,
     embeddings_layout,
     iter_vectors,
     open_embeddings,
+    take_rows,
 )
 from pairforge.pipeline.pools import normalize_text
 from pairforge.pipeline.shards import Dataset, open_dataset
@@ -359,7 +361,10 @@ def _empty_positives() -> pa.Table:
 
 
 def _read_source(
-    source: PositiveSource, sent_embeddings: Dataset, sent_ids: pa.Array, sent_vectors: np.ndarray
+    source: PositiveSource,
+    sent_embeddings: Dataset,
+    sent_ids: pa.Array,
+    sent_vectors: MappedVectors,
 ) -> tuple[list[pa.Table], dict[str, Any], Dataset | None, Dataset | None]:
     """One source's candidates with their cosine to their anchor (unsorted parts), its facts
     for the metrics, and the two datasets read (None when absent, disabled or not needed)."""
@@ -409,7 +414,8 @@ def _read_source(
         valid = pc.is_valid(anchor).to_numpy(zero_copy_only=False)
         orphans += int((~valid).sum())
         rows = anchor.to_numpy(zero_copy_only=False)[valid].astype(np.int64)
-        cos = np.einsum("ij,ij->i", vectors[valid], sent_vectors[rows])  # (n_valid,)
+        anchors = take_rows(sent_vectors.array, rows, sent_vectors.release)  # (n_valid, d)
+        cos = np.einsum("ij,ij->i", vectors[valid], anchors)  # (n_valid,)
         kept = table.filter(pa.array(valid))
         parts.append(
             pa.table(
@@ -432,7 +438,7 @@ def open_positives(
     sources: Sequence[PositiveSource],
     sent_embeddings: Dataset,
     sent_ids: pa.Array,
-    sent_vectors: np.ndarray,
+    sent_vectors: MappedVectors,
 ) -> tuple[pa.Table, dict[str, dict[str, Any]], dict[str, Dataset | None]]:
     """The positive pools of every anchor, from all ``sources`` (back-translations, LLM
     rewrites): one table sorted by anchor row, each anchor's candidates in source order (columns

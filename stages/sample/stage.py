@@ -30,7 +30,10 @@ Output: ``data/pairs`` (``pairs`` schema), shard ``i`` for anchor shard ``i``, w
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -57,8 +60,8 @@ from pairforge.pipeline.metrics import write_metrics
 from pairforge.pipeline.mining_inputs import (
     ArrowTexts,
     encoder_info,
-    load_vectors,
     open_embeddings,
+    spill_vectors,
 )
 from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
 from pairforge.pipeline.shards import (
@@ -208,12 +211,20 @@ def _open_inputs(cfg: SampleConfig) -> dict[str, Any]:
     table = sentences.read_table([S.ID, S.TEXT])
     ids = table[S.ID].combine_chunks()
     texts = table[S.TEXT].combine_chunks()
-    sent_vectors = load_vectors(sent_emb, ids)
+    # The sentences' vectors (for the positives' cosines) spilled to <output>/_work and mapped:
+    # the candidates' gathers release their pages shard by shard. The file is unlinked at once
+    # (the mapping keeps it readable), so a worker's copy never outlives its process.
+    work = Path(cfg.output) / "_work" / str(os.getpid())
+    mapped = spill_vectors(sent_emb, ids, work)
+    mapped.path.unlink()
+    work.rmdir()
+    with contextlib.suppress(OSError):  # another worker's folder may still be there
+        work.parent.rmdir()
     sources = [
         PositiveSource("candidates", cfg.candidates, cfg.candidate_embeddings, "candidates"),
         PositiveSource("rewrites", cfg.rewrites, cfg.rewrite_embeddings, "rewrites"),
     ]
-    positives, pos_facts, pos_datasets = open_positives(sources, sent_emb, ids, sent_vectors)
+    positives, pos_facts, pos_datasets = open_positives(sources, sent_emb, ids, mapped)
     return dict(
         sentences=sentences,
         pools=pools,
@@ -456,6 +467,8 @@ def _finish_dataset(
         writer,
     )
     manifest = writer.finalize(len(inputs["pools"]), extra={"card": CARD})
+    if (Path(cfg.output) / "_work").exists():  # a killed run's spilled vectors
+        shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)
     dists = _post_stats(cfg.output)
     atomic_write_bytes(Path(cfg.output) / CARD, render(dists).encode())
     return manifest["rows"], dists
