@@ -106,7 +106,7 @@ def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
 
 def params(folder: Path, args) -> dict:
     """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index,
-    ``--nprobe`` and ``--pool-cap`` when given."""
+    ``--nprobe``, ``--pool-cap`` and ``--anchor-batch`` when given."""
     import yaml
 
     p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
@@ -118,6 +118,8 @@ def params(folder: Path, args) -> dict:
         p["mine"]["nprobe"] = args.nprobe
     if args.pool_cap is not None:
         p["mine"]["pool_cap"] = args.pool_cap or None
+    if getattr(args, "anchor_batch", None):
+        p["mine"]["anchor_batch"] = args.anchor_batch
     p["sample"].update(candidates=None, rewrites=None)
     return p
 
@@ -153,8 +155,9 @@ def run_size(args, texts: list[str], origin: list, base: np.ndarray, real: dict[
     for step in STEPS:
         cmd = [*pairforge_command(), step, "--params", "params.yaml"]
         result["steps"][step] = measured(cmd, folder, env, log)
-        print(f"  {n:,} {step}: {result['steps'][step]['seconds']:.1f} s, "
-              f"peak {result['steps'][step]['peak_mib']:,.0f} MiB", flush=True)  # fmt: skip
+        got = result["steps"][step]
+        print(f"  {n:,} {step}: {got['seconds']:.1f} s, peak {got['peak_mib']:,.0f} MiB "
+              f"(anonymous {got['anon_mib']:,.0f} MiB)", flush=True)  # fmt: skip
     mine = json.loads((folder / p["mine"]["metrics"]).read_text())
     sample = json.loads((folder / p["sample"]["metrics"]).read_text())
     keys = ("index", "pool_size", "band_coverage", "pool_seconds", "seconds")
@@ -171,11 +174,13 @@ def _load() -> str:
 
 def table(runs: list[dict]) -> str:
     small, large = runs[0], runs[-1]
-    lines = ["| sentences | step | seconds | peak MiB |", "|---:|---|---:|---:|"]
+    lines = ["| sentences | step | seconds | peak MiB (ru_maxrss) | peak anonymous MiB |",
+             "|---:|---|---:|---:|---:|"]  # fmt: skip
     for r in runs:
         for step in STEPS:
             s = r["steps"][step]
-            lines.append(f"| {r['n']:,} | {step} | {s['seconds']:.1f} | {s['peak_mib']:,.0f} |")
+            lines.append(f"| {r['n']:,} | {step} | {s['seconds']:.1f} | {s['peak_mib']:,.0f} "
+                         f"| {s.get('anon_mib', float('nan')):,.0f} |")  # fmt: skip
     out = "\n".join(lines) + "\n\n"
     for r in runs:
         idx = r["mine"]["index"] or {}
@@ -189,7 +194,8 @@ def table(runs: list[dict]) -> str:
             out += (f"- {step}: {large['n'] / small['n']:.0f}x the sentences: "
                     f"{b['seconds'] / a['seconds']:.2f}x the time, "
                     f"{b['peak_mib'] / a['peak_mib']:.2f}x the peak memory "
-                    f"(target <= 1.5x)\n")  # fmt: skip
+                    f"(target <= 1.5x), {b['anon_mib'] / a['anon_mib']:.2f}x the peak "
+                    f"anonymous memory\n")  # fmt: skip
     return out
 
 
@@ -206,6 +212,8 @@ def main() -> None:
     )
     ap.add_argument("--pool-cap", type=int, default=None,
                     help="mine.pool_cap (default: the profile's 1024; 0: k only, no deepening)")  # fmt: skip
+    ap.add_argument("--anchor-batch", type=int, default=None,
+                    help="mine.anchor_batch (default: the profile's 16,384)")  # fmt: skip
     ap.add_argument("--work", default="/tmp/pairforge-bench-million")
     ap.add_argument("--keep", action="store_true", help="keep each size's datasets")
     args = ap.parse_args()

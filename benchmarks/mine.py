@@ -72,20 +72,35 @@ AGREEMENT_ANCHORS = 2000
 # Runs the command given after the result path and writes its wall seconds, exit code and peak
 # RSS: wait4's ru_maxrss is the child's VmHWM, at least the spawning process's size, so a small
 # launcher, not this benchmark, spawns it.
+# It also samples the child's anonymous resident memory (RssAnon + RssShmem of
+# /proc/<pid>/status) every 20 ms: the part of the peak that the kernel cannot drop, where
+# ru_maxrss also counts clean file-backed pages of mapped files (reclaimable page cache).
 LAUNCH = """import json, os, sys, time
 t0 = time.perf_counter()
 pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
-_, status, usage = os.wait4(pid, 0)
+anon = 0
+while True:
+    done, status, usage = os.wait4(pid, os.WNOHANG)
+    if done:
+        break
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            kib = sum(int(x.split()[1]) for x in fh if x.startswith(("RssAnon:", "RssShmem:")))
+        anon = max(anon, kib)
+    except (OSError, ValueError, IndexError):
+        pass
+    time.sleep(0.02)
 seconds = time.perf_counter() - t0
 with open(sys.argv[1], "w") as f:
     json.dump({"seconds": seconds, "code": os.waitstatus_to_exitcode(status),
-               "peak_mib": usage.ru_maxrss / 1024}, f)
+               "peak_mib": usage.ru_maxrss / 1024, "anon_mib": anon / 1024}, f)
 """
 
 
 def measured(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict:
-    """Run ``cmd`` in ``cwd`` through the launcher, its output appended to ``log``: seconds
-    and peak MiB. A failure stops the benchmark with the log's tail."""
+    """Run ``cmd`` in ``cwd`` through the launcher, its output appended to ``log``: seconds,
+    peak MiB (ru_maxrss) and peak anonymous MiB (sampled). A failure stops the benchmark with
+    the log's tail."""
     result = cwd / ".measured.json"
     with log.open("a") as out:
         out.write(f"\n$ {' '.join(cmd)}\n")
@@ -99,7 +114,7 @@ def measured(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> dict:
     if got["code"] != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({got['code']}) in {cwd}; log {log}:\n"
                          + log.read_text()[-3000:])  # fmt: skip
-    return {"seconds": got["seconds"], "peak_mib": got["peak_mib"]}
+    return {"seconds": got["seconds"], "peak_mib": got["peak_mib"], "anon_mib": got["anon_mib"]}
 
 
 def base_env() -> dict[str, str]:
