@@ -174,13 +174,14 @@ def _load() -> str:
 
 def table(runs: list[dict]) -> str:
     small, large = runs[0], runs[-1]
+    nan = float("nan")  # runs recorded before the anonymous peak was sampled
     lines = ["| sentences | step | seconds | peak MiB (ru_maxrss) | peak anonymous MiB |",
              "|---:|---|---:|---:|---:|"]  # fmt: skip
     for r in runs:
         for step in STEPS:
             s = r["steps"][step]
             lines.append(f"| {r['n']:,} | {step} | {s['seconds']:.1f} | {s['peak_mib']:,.0f} "
-                         f"| {s.get('anon_mib', float('nan')):,.0f} |")  # fmt: skip
+                         f"| {s.get('anon_mib', nan):,.0f} |")  # fmt: skip
     out = "\n".join(lines) + "\n\n"
     for r in runs:
         idx = r["mine"]["index"] or {}
@@ -194,8 +195,8 @@ def table(runs: list[dict]) -> str:
             out += (f"- {step}: {large['n'] / small['n']:.0f}x the sentences: "
                     f"{b['seconds'] / a['seconds']:.2f}x the time, "
                     f"{b['peak_mib'] / a['peak_mib']:.2f}x the peak memory "
-                    f"(target <= 1.5x), {b['anon_mib'] / a['anon_mib']:.2f}x the peak "
-                    f"anonymous memory\n")  # fmt: skip
+                    f"(target <= 1.5x), {b.get('anon_mib', nan) / a.get('anon_mib', nan):.2f}x "
+                    f"the peak anonymous memory\n")  # fmt: skip
     return out
 
 
@@ -213,7 +214,7 @@ def main() -> None:
     ap.add_argument("--pool-cap", type=int, default=None,
                     help="mine.pool_cap (default: the profile's 1024; 0: k only, no deepening)")  # fmt: skip
     ap.add_argument("--anchor-batch", type=int, default=None,
-                    help="mine.anchor_batch (default: the profile's 16,384)")  # fmt: skip
+                    help="mine.anchor_batch (default: the profile's)")  # fmt: skip
     ap.add_argument("--work", default="/tmp/pairforge-bench-million")
     ap.add_argument("--keep", action="store_true", help="keep each size's datasets")
     args = ap.parse_args()

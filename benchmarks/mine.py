@@ -74,7 +74,8 @@ AGREEMENT_ANCHORS = 2000
 # launcher, not this benchmark, spawns it.
 # It also samples the child's anonymous resident memory (RssAnon + RssShmem of
 # /proc/<pid>/status) every 20 ms: the part of the peak that the kernel cannot drop, where
-# ru_maxrss also counts clean file-backed pages of mapped files (reclaimable page cache).
+# ru_maxrss also counts clean file-backed pages of mapped files (reclaimable page cache). A lower
+# bound: a spike shorter than 20 ms, or a process the child starts, is not seen.
 LAUNCH = """import json, os, sys, time
 t0 = time.perf_counter()
 pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)

@@ -234,6 +234,8 @@ def spill_vectors(dataset: Dataset, ids: pa.Array | None, folder: str | Path) ->
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / VECTOR_FILE
+    for stale in folder.glob(f".{VECTOR_FILE}.tmp-*"):  # a killed spill's (the folder is ours)
+        stale.unlink(missing_ok=True)
     tmp = folder / f".{VECTOR_FILE}.tmp-{os.getpid()}"
     got_ids = []
     try:

@@ -164,9 +164,16 @@ def build_index(
         index = _trained_ivf(
             vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations, release
         )
-    for start in range(0, n, BLOCK):
-        index.add(np.ascontiguousarray(vectors[start : start + BLOCK]))
-        release()
+    if kind == "hnsw":
+        # One add: HNSW inserts each call's vectors by level with a fresh shuffle, so blocks
+        # would build another graph. The graph holds the vectors in memory anyway.
+        index.add(vectors)
+    else:
+        # faiss adds to an IVF index in chunks of 65,536 itself: the same assignments.
+        for start in range(0, n, BLOCK):
+            index.add(np.ascontiguousarray(vectors[start : start + BLOCK]))
+            release()
+    release()
     if on_gpu:
         index = faiss.index_cpu_to_all_gpus(index)
     return index

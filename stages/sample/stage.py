@@ -30,10 +30,9 @@ Output: ``data/pairs`` (``pairs`` schema), shard ``i`` for anchor shard ``i``, w
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -211,15 +210,15 @@ def _open_inputs(cfg: SampleConfig) -> dict[str, Any]:
     table = sentences.read_table([S.ID, S.TEXT])
     ids = table[S.ID].combine_chunks()
     texts = table[S.TEXT].combine_chunks()
-    # The sentences' vectors (for the positives' cosines) spilled to <output>/_work and mapped:
-    # the candidates' gathers release their pages shard by shard. The file is unlinked at once
-    # (the mapping keeps it readable), so a worker's copy never outlives its process.
-    work = Path(cfg.output) / "_work" / str(os.getpid())
+    # The sentences' vectors (for the positives' cosines) spilled to a folder of this process's
+    # own under <output>/_work and mapped: the candidates' gathers release their pages shard by
+    # shard. The file is unlinked at once (the mapping keeps it readable), so a worker's copy
+    # never outlives its process; the run's end removes _work (and a killed spill's leftovers).
+    (Path(cfg.output) / "_work").mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="vectors-", dir=Path(cfg.output) / "_work"))
     mapped = spill_vectors(sent_emb, ids, work)
     mapped.path.unlink()
     work.rmdir()
-    with contextlib.suppress(OSError):  # another worker's folder may still be there
-        work.parent.rmdir()
     sources = [
         PositiveSource("candidates", cfg.candidates, cfg.candidate_embeddings, "candidates"),
         PositiveSource("rewrites", cfg.rewrites, cfg.rewrite_embeddings, "rewrites"),

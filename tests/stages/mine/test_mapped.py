@@ -5,11 +5,13 @@ pages a pass touches leave the process's resident set."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import faiss
 import numpy as np
 import pyarrow as pa
 import pytest
+from pairforge.pipeline import mining_inputs
 from pairforge.pipeline.errors import DataIntegrityError
 from pairforge.pipeline.mining_inputs import (
     MappedVectors,
@@ -72,6 +74,7 @@ def test_spilled_vectors_equal_the_loaded_ones_and_check_their_ids(tmp_path, vec
     assert list((tmp_path / "work2").iterdir()) == []
 
 
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
 def test_release_drops_the_touched_pages(tmp_path):
     n, d = 20_000, 64  # 4.9 MiB
     data = _unit(np.random.default_rng(0).standard_normal((n, d)))
@@ -87,12 +90,26 @@ def test_release_drops_the_touched_pages(tmp_path):
     assert _resident_kib(path) < 100  # released after each chunk, the last one included
 
 
+@pytest.fixture(scope="module")
+def one_pass(vectors) -> dict:
+    """What the passes give with every block the whole matrix (as before blocks existed)."""
+    queries = vectors[:50]
+    ivf = build_index(vectors, kind="ivf", nlist=16, nprobe=4, seed=3)
+    hnsw = build_index(vectors, kind="hnsw", hnsw_m=8, ef_construction=40, ef_search=40)
+    return {
+        "ivf": ivf.search(queries, 10)[1],
+        "hnsw": hnsw.search(queries, 10)[1],
+        "recall": measure_recall(vectors, ivf, k=10, sample_size=200),
+    }
+
+
 @pytest.mark.parametrize("block", [7, 1000, 65_536])
-def test_block_passes_equal_one_pass(monkeypatch, vectors, block):
-    """Adding, checking, exact search, recall and band sizes: the same at any block size, and
-    ``release`` is called (once per block at least)."""
+def test_block_passes_equal_one_pass(monkeypatch, vectors, one_pass, block):
+    """Adding, checking, exact search, recall and band sizes: the same at any block size as in
+    one pass, and ``release`` is called (once per block at least)."""
     monkeypatch.setattr(index_module, "BLOCK", block)
     monkeypatch.setattr(searcher_module, "BLOCK", block)
+    monkeypatch.setattr(mining_inputs, "GATHER", 11)
     calls = []
 
     def release():
@@ -100,21 +117,27 @@ def test_block_passes_equal_one_pass(monkeypatch, vectors, block):
 
     index = build_index(vectors, kind="ivf", nlist=16, nprobe=4, seed=3, release=release)
     assert len(calls) >= 2 * -(-len(vectors) // block)  # checked and added block by block
-    reference = build_index(vectors, kind="ivf", nlist=16, nprobe=4, seed=3)
     queries = vectors[:50]
-    assert np.array_equal(index.search(queries, 10)[1], reference.search(queries, 10)[1])
+    assert np.array_equal(index.search(queries, 10)[1], one_pass["ivf"])
+    hnsw = build_index(vectors, kind="hnsw", hnsw_m=8, ef_construction=40, ef_search=40)
+    assert np.array_equal(hnsw.search(queries, 10)[1], one_pass["hnsw"])  # one add, one graph
     flat = build_index(vectors, kind="flat", release=release)
     assert faiss.rev_swig_ptr(flat.get_xb(), flat.ntotal * flat.d).tobytes() == vectors.tobytes()
     want = faiss.knn(queries, vectors, 10, metric=faiss.METRIC_INNER_PRODUCT)[1]
     assert np.array_equal(exact_knn(queries, vectors, 10, release), want)
-    assert measure_recall(vectors, index, k=10, sample_size=200, release=release) == (
-        measure_recall(vectors, reference, k=10, sample_size=200)
+    assert (
+        measure_recall(vectors, index, k=10, sample_size=200, release=release)
+        == (one_pass["recall"])
     )
     rows = np.array([0, 5, 6, 999, 2999])
     cos = vectors[rows] @ vectors.T
     cos[np.arange(len(rows)), rows] = np.nan
     want_band = ((cos >= 0.25) & (cos <= 0.75)).sum(axis=1)
     assert band_sizes(vectors, rows, 0.25, 0.75, release=release).tolist() == want_band.tolist()
+    before = len(calls)
+    picked = np.random.default_rng(2).choice(len(vectors), 100, replace=False)
+    assert np.array_equal(take_rows(vectors, picked, release), vectors[picked])
+    assert len(calls) - before == -(-100 // 11)  # a release after every chunk of GATHER rows
 
 
 def test_blockwise_checks_name_the_first_bad_row_and_count_them_all(monkeypatch, vectors):

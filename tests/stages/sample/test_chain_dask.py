@@ -98,7 +98,7 @@ def _mine(root: Path, **kw):
 @pytest.mark.parametrize("kind", ["flat", "hnsw"])
 def test_mine_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path, kind):  # noqa: F811
     """The workers search the driver's index mapped from <output>/_work (a flat index's
-    vectors in place; HNSW's vectors from the embeddings), with the same pools."""
+    vectors in place; HNSW's from the driver's _work/vectors.f32, mapped), with the same pools."""
     root = copy_project(mined, tmp_path)
     shutil.rmtree(root / "data/pools")
     # fallback random reads the searcher's vectors too; min_pool 70 > pool_cap makes every pool short.
@@ -170,32 +170,3 @@ def test_commands_take_workers_and_scheduler(stage):
     assert result.exit_code == 0
     for option in ("--workers", "--scheduler"):
         assert option in result.output, f"pairforge {stage} has no {option}"
-
-
-def _worker_env() -> dict[str, str | None]:
-    import os
-
-    return {k: os.environ.get(k) for k in ("MALLOC_TRIM_THRESHOLD_", "OMP_NUM_THREADS", "PIN")}
-
-
-def test_workers_keep_glibc_s_adaptive_malloc(cluster):
-    """Dask sets MALLOC_TRIM_THRESHOLD_=65536 in the workers it spawns, which turns off glibc's
-    adaptive mmap threshold and slows torch's forward passes (18% measured); the executor's
-    workers do without it, and keep Dask's other variables (one OpenMP thread a worker)."""
-    import dask
-
-    assert dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"]
-    found = cluster.client.run(_worker_env)
-    assert len(found) == 2
-    for env in found.values():
-        assert env["MALLOC_TRIM_THRESHOLD_"] is None and env["OMP_NUM_THREADS"] == "1"
-    # One environment per worker (the GPU set-up): the same, with each worker's own variables.
-    ex = DaskExecutor(worker_env=[{"PIN": "a"}, {"PIN": "b"}])
-    try:
-        found = ex.client.run(_worker_env)
-        assert sorted(e["PIN"] for e in found.values()) == ["a", "b"]
-        assert all(e["MALLOC_TRIM_THRESHOLD_"] is None for e in found.values())
-    finally:
-        ex.close()
-    # The setting is restored once the workers are built.
-    assert dask.config.get("distributed.nanny.pre-spawn-environ")["MALLOC_TRIM_THRESHOLD_"]
