@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import json
 import os
 import random
@@ -354,7 +355,9 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
     done = timing.get("complete") and not args.remine
-    if done and all((p / "_manifest.json").exists() for p in pairs.values()):
+    # The pairs the selected rows train on (a run folder may carry only those, e.g. to a GPU).
+    needed = {ROWS[name].pairs for name in args.rows}
+    if done and all((pairs[n] / "_manifest.json").exists() for n in needed):
         return pairs  # mined once; --remine lets every stage check its inputs and code again
     # A pipeline mined before keeps its stages (a sampler added since is sampled from them).
     for stage in PIPELINE if not done else ():
@@ -488,15 +491,16 @@ def train_params(pipeline: dict, row: Row, start: str, seed: int, pairs: Path, a
         options["pooling"] = STARTS[start]
     p["train"].update(
         input=str(pairs.resolve()), output="models", objective=row.objective, seed=seed,
-        batch_size=args.batch, lr=args.lr, max_steps=args.steps, warmup_steps=0, warmup_ratio=0.0,
-        schedule="linear", weight_decay=0.0, max_length=32, eval_every=args.eval_every,
-        save_every=args.eval_every, eval_max_pairs=args.dev_pairs, eval_fallback=[],
-        recipes={row.objective: {"options": options}},
+        model=args.start, batch_size=args.batch, lr=args.lr, max_steps=args.steps,
+        warmup_steps=0, warmup_ratio=0.0, schedule="linear", weight_decay=0.0, max_length=32,
+        eval_every=args.eval_every, save_every=args.save_every or args.eval_every,
+        eval_max_pairs=args.dev_pairs, eval_fallback=[], precision=args.precision,
+        threads=args.threads, recipes={row.objective: {"options": options}},
         metrics="metrics/train.json", plots="plots/train", reports="reports",
     )  # fmt: skip
     p["evaluate"].update(
         models=[f"models/{row.objective}/model"], baseline=None, tasks=list(TASKS),
-        max_pairs=args.test_pairs, sts_missing="error",
+        max_pairs=args.test_pairs, sts_missing="error", threads=args.threads,
     )  # fmt: skip
     return p
 
@@ -539,7 +543,8 @@ def run_one(
         "best_step": trained["best_step"], "best_dev": trained["best_dev"],
         "steps": trained["steps"], "rows_skipped": trained.get("rows_skipped", {}),
         "train_seconds": trained["seconds"], "command_seconds": round(t_train + t_eval, 1),
-        "settings": settings_of(args),
+        "device": trained.get("device_name") or trained.get("device"),
+        "autocast": trained.get("autocast"), "settings": settings_of(args),
     }  # fmt: skip
     write_json(folder / "scores.json", record)
     write_json(kept, record)
@@ -557,8 +562,9 @@ def untrained(out: Path, records: Path, pipeline: dict, args) -> dict[str, dict]
         folder.mkdir(parents=True, exist_ok=True)
         p = {"evaluate": copy.deepcopy(pipeline["evaluate"])}
         p["evaluate"].update(
-            models=[], baseline=START, baseline_poolings=[*STARTS.values(), "mask"],
+            models=[], baseline=args.start, baseline_poolings=[*STARTS.values(), "mask"],
             tasks=list(TASKS), max_pairs=args.test_pairs, sts_missing="error",
+            threads=args.threads,
         )  # fmt: skip
         (folder / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
         pairforge(["evaluate", "--params", "params.yaml"], folder, folder / "log.txt")
@@ -567,6 +573,54 @@ def untrained(out: Path, records: Path, pipeline: dict, args) -> dict[str, dict]
         scores = {names[label]: {t: m[t] for t in (*TASKS, "avg")} for label, m in models.items()}
         write_json(path, scores)
     return json.loads(path.read_text())
+
+
+# Rows whose runs take longest (DenoSent's 16-layer decoder): started first among --jobs.
+SLOW_OBJECTIVES = ("denosent", "combined")
+
+
+def plan(args) -> list[tuple[str, str, int]]:
+    """The (row, start, seed) runs asked for, seed-major: a table cut short still holds whole
+    seeds, so its differences are paired. Within a seed the slow objectives come first, so that
+    with several ``--jobs`` they do not end the seed alone."""
+    runs = []
+    for seed in args.seeds:
+        batch = [
+            (name, start, seed)
+            for start in args.starts
+            for name in args.rows
+            if start == "cls" or (not ROWS[name].prompt and name in args.mean_rows)
+        ]
+        if args.jobs > 1:
+            batch.sort(key=lambda r: ROWS[r[0]].objective not in SLOW_OBJECTIVES)  # stable
+        runs += batch
+    return runs
+
+
+def run_all(runs: Path, records: Path, pairs: dict, pipeline: dict, args) -> None:
+    """The untrained scores and every planned run, ``args.jobs`` at a time (each run is its own
+    processes, so threads suffice to drive them). A failed run stops the others' successors;
+    the runs finished are kept (their records), so a rerun resumes."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    todo = plan(args)
+    if args.jobs == 1:
+        untrained(runs, records, pipeline, args)
+        for name, start, seed in todo:
+            run_one(runs, records, name, start, seed, pairs, pipeline, args)
+        return
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(untrained, runs, records, pipeline, args)]
+        futures += [
+            pool.submit(run_one, runs, records, name, start, seed, pairs, pipeline, args)
+            for name, start, seed in todo
+        ]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()
 
 
 def load_records(runs: Path, records: Path) -> list[dict[str, Any]]:
@@ -581,10 +635,16 @@ def load_records(runs: Path, records: Path) -> list[dict[str, Any]]:
 
 
 def settings_of(args) -> dict[str, Any]:
-    return {
+    settings = {
         "steps": args.steps, "batch": args.batch, "lr": args.lr, "eval_every": args.eval_every,
         "dev_pairs": args.dev_pairs, "test_pairs": args.test_pairs,
     }  # fmt: skip
+    # Only when not the default, so that the records of earlier sittings keep their settings.
+    if getattr(args, "precision", "fp32") != "fp32":
+        settings["precision"] = args.precision
+    if getattr(args, "start", START) != START:
+        settings["start"] = args.start
+    return settings
 
 
 def settings_tag(args) -> str:
@@ -595,6 +655,10 @@ def settings_tag(args) -> str:
         f"s{args.steps}-b{args.batch}-lr{args.lr:g}-e{args.eval_every}"
         f"-dev{args.dev_pairs or 'all'}-test{args.test_pairs or 'all'}"
     )
+    if getattr(args, "precision", "fp32") != "fp32":
+        tag += f"-{args.precision}"  # GPU autocast: not the CPU table's arithmetic
+    if getattr(args, "start", START) != START:  # another start encoder (a smoke model)
+        tag += "-start" + hashlib.sha256(args.start.encode()).hexdigest()[:8]
     if getattr(args, "lines", None):
         tag += f"-lines{args.lines}"
     if getattr(args, "peer_seed", 0):
@@ -699,7 +763,30 @@ def main(argv: list[str] | None = None) -> None:
         "on another machine)",
     )  # fmt: skip
     parser.add_argument("--table-only", action="store_true", help="build the table, run nothing")
+    parser.add_argument("--mine-only", action="store_true", help="mine, then stop (no training)")
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="runs at once (each its own train and evaluate processes; on a GPU several share it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--threads", type=int, default=-1, help="CPU threads of each run's torch; -1: its default"
+    )
+    parser.add_argument(
+        "--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+        help="training arithmetic (bf16/fp16: GPU autocast; a settings folder of its own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--save-every", type=int, default=None,
+        help="resumable checkpoint every N steps (default: --eval-every); a checkpoint only "
+        "serves a killed run's resume, the dev-best export is kept apart",
+    )  # fmt: skip
+    parser.add_argument(
+        "--start", default=START, help="start encoder (a model spec; another one is a smoke run, "
+        "with a settings folder of its own)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -715,15 +802,10 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         pairs = mine(args, out)
         print(f"mined: {', '.join(pairs)} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if args.mine_only:
+            return
         pipeline = yaml.safe_load((folder / "params.yaml").read_text())
-        base = untrained(runs, records, pipeline, args)
-        # Seed-major: a table cut short still holds whole seeds, so its differences are paired.
-        for seed in args.seeds:
-            for start in args.starts:
-                for name in args.rows:
-                    if start != "cls" and (ROWS[name].prompt or name not in args.mean_rows):
-                        continue
-                    run_one(runs, records, name, start, seed, pairs, pipeline, args)
+        run_all(runs, records, pairs, pipeline, args)
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
     base_path = records / "untrained.json"
     base = json.loads(base_path.read_text()) if base_path.exists() else {}

@@ -691,6 +691,11 @@ class Trainer:
                 "model": str(model),
                 "pooling": self.objective.pooling,
                 "start_pooling": self.start["pooling"],
+                "device": self.device,
+                "device_name": torch.cuda.get_device_name(self.device)
+                if self.device.startswith("cuda")
+                else None,
+                "autocast": None if self.autocast is None else str(self.autocast).split(".")[-1],
             }
             record = {"summary": summary, "history": self.history, "dev_history": self.dev_history}
             atomic_write_json(self.out / HISTORY, record)

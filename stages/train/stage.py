@@ -365,6 +365,10 @@ def _objective_metrics(summary: dict) -> dict:
         # The pooling trained and exported, and the start model's (None: its folder names none).
         "pooling": summary.get("pooling"),
         "start_pooling": summary.get("start_pooling"),
+        # Where it ran: the device, the GPU's name, the autocast dtype (None: float32 throughout).
+        "device": summary.get("device"),
+        "device_name": summary.get("device_name"),
+        "autocast": summary.get("autocast"),
     }
 
 

@@ -224,3 +224,87 @@ def test_a_smoke_corpus_or_another_peer_seed_records_apart_from_the_full_run(tmp
     quality.write_json(runs / "untrained/scores.json", base)
     assert quality.untrained(runs, records, {}, full) == base  # no evaluate: {} has no section
     assert json.loads((records / "untrained.json").read_text()) == base
+
+
+def test_gpu_precision_and_another_start_record_apart_and_enter_the_records(tmp_path):
+    """A bf16 run (GPU autocast) or another start encoder (a smoke model) gets a settings folder
+    of its own, and its records say so; the default fp32 MiniLM runs keep the tag and settings
+    they always had (the CPU sittings' records stay valid)."""
+    full = SimpleNamespace(steps=500, batch=64, lr=3e-5, eval_every=25, dev_pairs=None,
+                           test_pairs=None, lines=None, peer_seed=0, precision="fp32",
+                           start=quality.START)  # fmt: skip
+    assert quality.settings_tag(full) == "s500-b64-lr3e-05-e25-devall-testall"
+    assert "precision" not in quality.settings_of(full) and "start" not in quality.settings_of(full)
+    gpu = SimpleNamespace(**{**vars(full), "precision": "bf16"})
+    tiny = SimpleNamespace(**{**vars(gpu), "start": "/tmp/tiny-minilm"})
+    assert quality.settings_tag(gpu) == "s500-b64-lr3e-05-e25-devall-testall-bf16"
+    assert quality.settings_tag(tiny).startswith("s500-b64-lr3e-05-e25-devall-testall-bf16-start")
+    assert len({quality.settings_tag(a) for a in (full, gpu, tiny)}) == 3
+    assert quality.settings_of(tiny)["precision"] == "bf16"
+    assert quality.settings_of(tiny)["start"] == "/tmp/tiny-minilm"
+
+
+def _plan_args(**kw):
+    base = dict(rows=["simcse", "peer", "denosent", "combined", "band40_uniform"], seeds=[1, 2],
+                starts=["cls", "mean"], mean_rows=["simcse", "peer"], jobs=1)  # fmt: skip
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_the_plan_is_seed_major_and_puts_the_slow_objectives_first_with_several_jobs():
+    """Runs go seed by seed (a table cut short holds whole seeds); DenoSent has one start (its
+    prompt), the mean start only trains --mean-rows; with --jobs > 1 the decoder objectives
+    start first within a seed so they do not end it alone, the rest in the sequential order."""
+    sequential = quality.plan(_plan_args())
+    one_seed = [
+        ("simcse", "cls", 1), ("peer", "cls", 1), ("denosent", "cls", 1), ("combined", "cls", 1),
+        ("band40_uniform", "cls", 1), ("simcse", "mean", 1), ("peer", "mean", 1),
+    ]  # fmt: skip
+    assert sequential == one_seed + [(r, s, 2) for r, s, _ in one_seed]
+    parallel = quality.plan(_plan_args(jobs=4))
+    assert [r[2] for r in parallel] == [1] * 7 + [2] * 7
+    assert parallel[:2] == [("denosent", "cls", 1), ("combined", "cls", 1)]
+    assert parallel[2:7] == [r for r in one_seed if r[0] not in ("denosent", "combined")]
+    assert sorted(parallel) == sorted(sequential)
+
+
+def test_train_params_carry_the_run_settings(tmp_path):
+    """Precision, threads, the checkpoint interval and the start encoder reach the train and
+    evaluate sections; the checkpoint interval defaults to the dev interval."""
+    pipeline = {
+        "train": {"recipes": {"simcse": {"options": {"temperature": 0.05}}}, "model": "x"},
+        "evaluate": {"models": []},
+    }
+    args = SimpleNamespace(batch=64, lr=3e-5, steps=500, eval_every=25, save_every=None,
+                           dev_pairs=None, test_pairs=None, precision="bf16", threads=2,
+                           start="/m")  # fmt: skip
+    p = quality.train_params(pipeline, quality.ROWS["peer"], "cls", 3, tmp_path / "pairs", args)
+    t = p["train"]
+    assert (t["precision"], t["threads"], t["save_every"], t["model"]) == ("bf16", 2, 25, "/m")
+    assert t["objective"] == "simcse_hn" and t["seed"] == 3
+    assert t["recipes"]["simcse_hn"]["options"]["pooling"] == "cls_before_pooler"
+    assert p["evaluate"]["threads"] == 2
+    args.save_every = 500
+    p = quality.train_params(pipeline, quality.ROWS["peer"], "mean", 3, tmp_path / "pairs", args)
+    assert p["train"]["save_every"] == 500
+    assert p["train"]["recipes"]["simcse_hn"]["options"]["pooling"] == "mean"
+
+
+def test_a_finished_mining_needs_only_the_pairs_of_the_rows_asked_for(tmp_path, monkeypatch):
+    """A run folder carried elsewhere (a GPU machine) with the pairs of its rows only is not
+    mined again; a row whose pairs are missing sends the driver back to mining."""
+    out = tmp_path / "quality"
+    (out / "pipeline").mkdir(parents=True)
+    (out / "pipeline/params.yaml").write_text("mine: {}\nsample: {}\n")
+    quality.write_json(out / "mining.json", {"complete": True})
+    for name in ("calibrated", "peer"):
+        quality.write_json(out / f"pipeline/data/pairs-{name}/_manifest.json", {})
+    called = []
+    monkeypatch.setattr(quality, "pairforge", lambda args, cwd, log: called.append(args) or 0.0)
+    args = SimpleNamespace(rows=["simcse", "peer", "debcse"], remine=False, lines=None)
+    pairs = quality.mine(args, out)
+    assert called == [] and pairs["peer"] == out / "pipeline/data/pairs-peer"
+    args.rows = ["simcse", "uniform"]
+    quality.mine(args, out)
+    samples = [c[c.index("--output") + 1] for c in called if c[0] == "sample"]
+    assert "data/pairs-uniform" in samples
+    assert "data/pairs-calibrated" not in samples  # finished before: not sampled again
