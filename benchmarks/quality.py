@@ -532,6 +532,7 @@ def run_one(
     t_eval = pairforge(["evaluate", "--params", "params.yaml"], folder, log)
     trained = json.loads((folder / "metrics/train.json").read_text())[row.objective]
     scored = json.loads((folder / "metrics/evaluate.json").read_text())["models"][row.objective]
+    curves = _curves(folder / "models" / row.objective / "history.json")
     # The checkpoints are for resuming a killed run; the exported model is what is kept.
     for extra in (folder / "models" / row.objective).iterdir():
         if extra.is_dir() and extra.name != "model":
@@ -544,12 +545,24 @@ def run_one(
         "steps": trained["steps"], "rows_skipped": trained.get("rows_skipped", {}),
         "train_seconds": trained["seconds"], "command_seconds": round(t_train + t_eval, 1),
         "device": trained.get("device_name") or trained.get("device"),
-        "autocast": trained.get("autocast"), "settings": settings_of(args),
+        "autocast": trained.get("autocast"), "settings": settings_of(args), **curves,
     }  # fmt: skip
     write_json(folder / "scores.json", record)
     write_json(kept, record)
     print(f"  {name} / {start} / seed {seed}: avg {scored['avg']:.2f} (best step "
           f"{trained['best_step']}, train {trained['seconds']:.0f} s)", flush=True)  # fmt: skip
+
+
+def _curves(history: Path) -> dict[str, list]:
+    """The run's curves, small enough for its record: the mean dev score at each dev step and
+    the training loss at each logged step ([step, value] pairs)."""
+    if not history.exists():
+        return {}
+    h = json.loads(history.read_text())
+    return {
+        "dev_curve": [[d["step"], round(d["score"], 3)] for d in h.get("dev_history", [])],
+        "loss_curve": [[r["step"], round(r["loss"], 4)] for r in h.get("history", [])],
+    }
 
 
 def untrained(out: Path, records: Path, pipeline: dict, args) -> dict[str, dict]:
@@ -699,6 +712,45 @@ def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, fl
     return stats
 
 
+def plot_curves(records: list[dict[str, Any]], path: Path) -> dict[tuple[str, str], list]:
+    """The dev curves: per (row, start), the mean over seeds of the dev score at each dev step
+    (a band from the lowest to the highest seed), one panel per start; returns the mean curves.
+    Records without a ``dev_curve`` (sittings before it was kept) are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], dict[int, list[float]]] = {}
+    for r in records:
+        for step, score in r.get("dev_curve", []):
+            groups.setdefault((r["row"], r["start"]), {}).setdefault(step, []).append(score)
+    if not groups:
+        return {}
+    panels = sorted({"cls" if start == "mask" else start for _, start in groups})
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False,
+                             constrained_layout=True)  # fmt: skip
+    order = {name: i for i, name in enumerate(ROWS)}
+    curves = {}
+    for (row, start), by_step in sorted(groups.items(), key=lambda kv: order.get(kv[0][0], 99)):
+        steps = sorted(by_step)
+        scores = [by_step[s] for s in steps]
+        mean = [float(np.mean(v)) for v in scores]
+        curves[(row, start)] = list(zip(steps, mean, strict=True))
+        ax = axes[0][panels.index("cls" if start == "mask" else start)]
+        (line,) = ax.plot(steps, mean, linewidth=1.4, label=f"{row} ({len(scores[-1])} seeds)")
+        ax.fill_between(steps, [min(v) for v in scores], [max(v) for v in scores],
+                        color=line.get_color(), alpha=0.12)  # fmt: skip
+    for ax, start in zip(axes[0], panels, strict=True):
+        ax.set(xlabel="training step", ylabel="dev Spearman x 100 (STS-B dev, SICK-R trial)",
+               title=f"Dev curves, {start} start (mean over seeds, band: min-max)")  # fmt: skip
+        ax.legend(fontsize=7, ncol=2)
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return curves
+
+
 def plot_hardness(
     summary: list[dict[str, Any]], stats: dict[str, dict[str, float]], path: Path
 ) -> list[tuple[str, float, float, float | None]]:
@@ -823,6 +875,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         plot_hardness(summary, stats, out / "hardness.png")
         text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
+    if plot_curves(load_records(runs, records), out / "curves.png"):
+        text += "\nThe dev curves (mean over seeds): curves.png.\n"
     (out / "quality.md").write_text(text)
     write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
     print(text)

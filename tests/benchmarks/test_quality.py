@@ -308,3 +308,31 @@ def test_a_finished_mining_needs_only_the_pairs_of_the_rows_asked_for(tmp_path, 
     samples = [c[c.index("--output") + 1] for c in called if c[0] == "sample"]
     assert "data/pairs-uniform" in samples
     assert "data/pairs-calibrated" not in samples  # finished before: not sampled again
+
+
+def test_dev_curves_are_averaged_over_seeds_and_plotted(tmp_path):
+    """The curve plot averages each (row, start)'s dev scores step by step over its seeds,
+    puts DenoSent's prompt start beside [CLS], and leaves out records without curves."""
+    recs = [
+        {**record("simcse", 1, 75.0), "dev_curve": [[25, 70.0], [50, 72.0]]},
+        {**record("simcse", 2, 75.0), "dev_curve": [[25, 74.0], [50, 76.0]]},
+        {**record("denosent", 1, 76.0, start="mask"), "dev_curve": [[25, 60.0]]},
+        record("peer", 1, 76.0),  # an older sitting's record: no curve
+    ]
+    path = tmp_path / "curves.png"
+    curves = quality.plot_curves(recs, path)
+    assert curves == {("simcse", "cls"): [(25, 72.0), (50, 74.0)],
+                      ("denosent", "mask"): [(25, 60.0)]}  # fmt: skip
+    assert path.stat().st_size > 10_000
+    assert quality.plot_curves([record("peer", 1, 76.0)], tmp_path / "none.png") == {}
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_a_run_record_keeps_its_curves(tmp_path):
+    history = tmp_path / "history.json"
+    history.write_text(json.dumps({
+        "history": [{"step": 10, "loss": 1.23456789, "lr": 1e-5}],
+        "dev_history": [{"step": 25, "score": 80.123456, "stsb_dev": 1.0}],
+    }))  # fmt: skip
+    assert quality._curves(history) == {"dev_curve": [[25, 80.123]], "loss_curve": [[10, 1.2346]]}
+    assert quality._curves(tmp_path / "missing.json") == {}
