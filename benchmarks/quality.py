@@ -194,6 +194,15 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     return out
 
 
+def paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, float | None, int]:
+    """Row ``a``'s average minus row ``b``'s on the seeds both have (through their paired
+    differences to the baseline, which share its runs): mean, sd and the number of seeds."""
+    da = dict(zip(a["diff"]["seeds"], a["diff"]["per_seed"], strict=True))
+    db = dict(zip(b["diff"]["seeds"], b["diff"]["per_seed"], strict=True))
+    diffs = [da[s] - db[s] for s in sorted(set(da) & set(db))]
+    return (*_mean_sd(diffs), len(diffs))
+
+
 def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
     """The issue's targets on one start: (target, verdict) with the figures it rests on; a
     target whose rows are missing says which."""
@@ -223,7 +232,11 @@ def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str
                 continue
             margin = max(cal_sd, sd)
             ok = cal - m > margin
-            out.append((name, f"{'met' if ok else 'NOT met'}: {cal - m:+.2f} vs sd {margin:.2f}"))
+            verdict = f"{'met' if ok else 'NOT met'}: {cal - m:+.2f} vs sd {margin:.2f}"
+            pm, psd, n = paired(by_row[cal_row], by_row[other])
+            if pm is not None:  # the same seeds' runs share data order and dropout masks
+                verdict += f" (paired over {n} seeds: {_pm(pm, psd)})"
+            out.append((name, verdict))
     name = f"DebCSE >= SimCSE + 1.0 ({start})"
     d, s = avg("debcse"), avg("simcse")
     if d[0] is None or s[0] is None:
@@ -781,7 +794,7 @@ def plot_hardness(
                     fontsize=7, xytext=(4, 4), textcoords="offset points")  # fmt: skip
     ax.set(xlabel="mean cosine of the sampled negatives to the anchor (MiniLM, mean pooling)",
            ylabel="7-task STS average (x100), [CLS] start",
-           title="Harder negatives, better encoder (mean ± sd over seeds)")  # fmt: skip
+           title="STS average against the negatives' hardness (mean ± sd over seeds)")  # fmt: skip
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return points

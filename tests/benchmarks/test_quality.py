@@ -107,7 +107,8 @@ def test_targets_say_met_not_met_and_not_run(records):
     assert over_peer.startswith("met: +1.67 vs sd 1.04")
     over_uniform = verdicts["calibrated IPW > uniform by more than either row's seed sd (cls)"]
     # 77.67 - 76.5 = 1.17 against max(1.04, the sd of 76 and 77: 0.71)
-    assert over_uniform == "met: +1.17 vs sd 1.04"
+    # Paired on the seeds both have (1, 2): 76.5 - 76 and 78 - 77.
+    assert over_uniform == "met: +1.17 vs sd 1.04 (paired over 2 seeds: 0.75 ± 0.35)"
     assert verdicts["DebCSE >= SimCSE + 1.0 (cls)"] == "met: +1.25"
     # The best single objective on [CLS] (DenoSent's prompt counted): debcse 77.25 > 77.0, 76.0.
     assert (
@@ -122,11 +123,11 @@ def test_targets_say_met_not_met_and_not_run(records):
     verdicts = dict(quality.targets(quality.summarize(records), "cls"))
     # 78.0 (sd 1.0) - peer 76.0 (sd 0.5) = 2.0 > 1.0; - band40_uniform 77.0 (sd 0) = 1.0, not > 1.0
     assert verdicts["band40_calibrated > peer by more than either row's seed sd (cls)"] == (
-        "met: +2.00 vs sd 1.00"
+        "met: +2.00 vs sd 1.00 (paired over 3 seeds: 2.00 ± 0.50)"
     )
     assert verdicts[
         "band40_calibrated > band40_uniform by more than either row's seed sd (cls)"
-    ] == ("NOT met: +1.00 vs sd 1.00")
+    ] == ("NOT met: +1.00 vs sd 1.00 (paired over 2 seeds: 0.50 ± 0.71)")
     assert "knn_calibrated > peer by more than either row's seed sd (cls)" not in verdicts
 
 
