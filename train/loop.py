@@ -544,7 +544,7 @@ class Trainer:
         """
         s = self.settings
         on_cpu = pick_device(s.device).startswith("cpu")
-        with run_settings(s.threads, s.deterministic, keep_memory=on_cpu):
+        with run_settings(s.threads, s.deterministic, keep_memory=on_cpu, cuda=not on_cpu):
             return self._run()
 
     def _run(self) -> dict[str, Any]:

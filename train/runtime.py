@@ -8,6 +8,14 @@
   that read memory they never wrote; no kernel we use does, so results are the same, and bitwise
   reproducible, without it. It costs a full extra write of every activation and gradient: on a
   CPU about 100 fills of 3-47 MB per MiniLM step;
+- **deterministic attention on CUDA** (``deterministic`` and ``cuda``): the fused attention
+  kernels that ``scaled_dot_product_attention`` picks on a GPU (flash, memory-efficient, cuDNN)
+  have backward passes that accumulate with atomics, so two runs differ, and
+  ``use_deterministic_algorithms(warn_only=True)`` only warns about it (seen on an H200: "cuDNN
+  Attention defaults to a non-deterministic algorithm"). They are switched off for the run, which
+  leaves the math kernel, deterministic; at 32 tokens a sentence it costs little. On a CPU the
+  backends are left alone (the CPU's flash kernel is deterministic, and switching it changes the
+  arithmetic of every CPU run);
 - **keeping freed host memory** (``keep_host_memory``, glibc only): a step allocates its
   activations and gradients afresh and frees them all at its end. glibc returns large freed blocks
   to the kernel (any block above its mmap threshold, which cannot exceed 32 MiB: MiniLM's 47 MB
@@ -71,9 +79,25 @@ def keep_host_memory() -> Iterator[bool]:
             libc.malloc_trim(0)
 
 
+def _sdp_backends() -> dict[str, bool]:
+    b = torch.backends.cuda
+    return {"flash": b.flash_sdp_enabled(), "mem_efficient": b.mem_efficient_sdp_enabled(),
+            "cudnn": b.cudnn_sdp_enabled()}  # fmt: skip
+
+
+def _set_sdp_backends(enabled: dict[str, bool]) -> None:
+    b = torch.backends.cuda
+    b.enable_flash_sdp(enabled["flash"])
+    b.enable_mem_efficient_sdp(enabled["mem_efficient"])
+    b.enable_cudnn_sdp(enabled["cudnn"])
+
+
 @contextlib.contextmanager
-def run_settings(threads: int, deterministic: bool, keep_memory: bool) -> Iterator[None]:
-    """Threads, deterministic kernels and host-memory retention for one run (module docstring)."""
+def run_settings(
+    threads: int, deterministic: bool, keep_memory: bool, cuda: bool = False
+) -> Iterator[None]:
+    """Threads, deterministic kernels (attention too, on CUDA) and host-memory retention for one
+    run (module docstring)."""
     saved_threads = torch.get_num_threads()
     saved_deterministic = (
         torch.are_deterministic_algorithms_enabled(),
@@ -81,6 +105,7 @@ def run_settings(threads: int, deterministic: bool, keep_memory: bool) -> Iterat
     )
     saved_fill = torch.utils.deterministic.fill_uninitialized_memory
     saved_cudnn = torch.backends.cudnn.benchmark
+    saved_sdp = _sdp_backends()
     with contextlib.ExitStack() as stack:
         if keep_memory:
             stack.enter_context(keep_host_memory())
@@ -92,6 +117,8 @@ def run_settings(threads: int, deterministic: bool, keep_memory: bool) -> Iterat
                 torch.use_deterministic_algorithms(True, warn_only=True)
                 torch.utils.deterministic.fill_uninitialized_memory = False
                 torch.backends.cudnn.benchmark = False
+                if cuda:
+                    _set_sdp_backends({"flash": False, "mem_efficient": False, "cudnn": False})
             yield
         finally:
             torch.set_num_threads(saved_threads)
@@ -100,3 +127,4 @@ def run_settings(threads: int, deterministic: bool, keep_memory: bool) -> Iterat
             )
             torch.utils.deterministic.fill_uninitialized_memory = saved_fill
             torch.backends.cudnn.benchmark = saved_cudnn
+            _set_sdp_backends(saved_sdp)

@@ -29,6 +29,24 @@ def test_run_settings_apply_inside_and_restore_after():
     assert torch.utils.deterministic.fill_uninitialized_memory is fill
 
 
+def test_deterministic_runs_on_cuda_leave_attention_to_the_math_kernel():
+    """On CUDA the fused attention kernels' backward passes are not deterministic (warn_only
+    hides it), so a deterministic CUDA run switches them off and restores them after; a CPU run,
+    or a run that does not ask for determinism, leaves the backends as they are."""
+    before = runtime._sdp_backends()
+    assert any(before.values())  # torch's defaults: the fused kernels allowed
+    with runtime.run_settings(threads=-1, deterministic=True, keep_memory=False, cuda=True):
+        assert runtime._sdp_backends() == {"flash": False, "mem_efficient": False, "cudnn": False}
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert runtime._sdp_backends() == before
+    for deterministic, cuda in ((True, False), (False, True)):
+        with runtime.run_settings(-1, deterministic, keep_memory=False, cuda=cuda):
+            assert runtime._sdp_backends() == before
+    with pytest.raises(RuntimeError), runtime.run_settings(-1, True, False, cuda=True):
+        raise RuntimeError("a failed run restores them too")
+    assert runtime._sdp_backends() == before
+
+
 def _faults_to_reallocate(megabytes: int) -> int:
     """Minor page faults for allocating and writing ``megabytes`` again after freeing them."""
     block = torch.empty(megabytes << 18).fill_(1.0)  # float32: 4 bytes each
@@ -53,7 +71,7 @@ def test_kept_memory_is_reused_without_faulting_it_in_again():
 
 
 @contextlib.contextmanager
-def _torch_and_glibc_defaults(threads: int, deterministic: bool, keep_memory: bool):
+def _torch_and_glibc_defaults(threads: int, deterministic: bool, keep_memory: bool, cuda=False):
     """The settings before train/runtime.py: NaN-filled new tensors, glibc's own allocator."""
     saved = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     torch.set_num_threads(threads)
