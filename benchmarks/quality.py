@@ -4,6 +4,7 @@ against SimCSE and against sentence-transformers' ``mine_hard_negatives`` (docs/
     python benchmarks/quality.py --out runs/quality                 # every row, seeds 1 2 3
     python benchmarks/quality.py --rows simcse peer --seeds 1       # a part; rerun for the rest
     python benchmarks/quality.py --out runs/quality --table-only    # the table of what is done
+    python benchmarks/quality.py --jobs 12 --threads 1 --precision bf16 --save-every 500  # a GPU
 
 On the Wikipedia sentences of ``$PAIRFORGE_SHARED_DATA/corpus`` (as benchmarks/wiki_run.sh), it
 mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; the peer's negatives
