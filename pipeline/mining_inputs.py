@@ -3,7 +3,8 @@
 - embeddings: read back as one float32 ``(n, d)`` matrix, checked (finite, unit norm, aligned with
   the dataset they embed, made by the same encoder as the other embeddings in the run), in memory
   (``load_vectors``) or spilled to a file under the stage's ``_work`` and memory-mapped
-  (``spill_vectors``: the resident pages are those a step touches, not the matrix);
+  (``spill_vectors``: the resident pages are those a step touches, not the matrix; scattered
+  rows are read with positioned reads, ``MappedVectors.take``, which map no page);
 - texts: a read-only sequence view over an Arrow string column, so a million-sentence corpus is
   not turned into a million Python strings when only the rows a pool touches are needed.
 """
@@ -193,6 +194,11 @@ def take_rows(
 
 
 VECTOR_FILE = "vectors.f32"  # spill_vectors' file in a stage's _work: raw float32, row-major
+# Positioned reads (MappedVectors.take): rows at most READ_GAP apart are read in one call, the
+# rows between them included (a 1.5 KiB row costs less to copy than a system call and a Python
+# loop turn), in spans of at most READ_SPAN rows (the scratch buffer: 12 MiB at d = 384).
+READ_GAP = 16
+READ_SPAN = 8192
 
 
 class MappedVectors:
@@ -200,10 +206,16 @@ class MappedVectors:
     ``release()`` drops the pages this process touched from its resident set (they stay in the
     page cache: the next touch costs no disk read while memory is free). Steps that scan or
     gather the whole corpus call ``release`` between blocks, so a million 384-d vectors
-    (1.43 GiB) cost the resident memory of a block."""
+    (1.43 GiB) cost the resident memory of a block.
+
+    Scattered rows are better read with ``take`` (positioned reads into an array of this
+    process) than through the mapping: a fault on a mapped file maps the pages around it too
+    (fault-around, large folios), so a gather of a few thousand rows maps most of the file, and
+    ``ru_maxrss`` counts those pages until ``release``."""
 
     def __init__(self, path: str | Path, n: int, dim: int) -> None:
         self.path = Path(path)
+        self._fd: int | None = None
         self._map: mmap.mmap | None = None
         if n * dim:
             with open(self.path, "rb") as fh:
@@ -223,6 +235,84 @@ class MappedVectors:
     def release(self) -> None:
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)
+
+    def take(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """``array[rows]`` (float32 ``(len(rows), d)``, any order, repeats allowed), read from
+        the file with positioned reads: no page of the mapping is touched. The rows are read in
+        ascending order, neighbours at most ``READ_GAP`` rows apart in one read of at most
+        ``READ_SPAN`` rows. ``out``: a C-contiguous float32 array of ``len(rows)`` rows or
+        more to read into (its first ``len(rows)`` rows are returned)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        n, d = self.array.shape
+        if out is None:
+            out = np.empty((len(rows), d), dtype=np.float32)  # (r, d)
+        elif out.dtype != np.float32 or out.shape[1:] != (d,) or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous float32 (m, {d}) array")
+        out = out[: len(rows)]
+        if not len(rows):
+            return out
+        if rows.min() < 0 or rows.max() >= n:
+            raise IndexError(f"rows out of range for {n} vectors: {rows.min()}..{rows.max()}")
+        ascending = bool((rows[1:] >= rows[:-1]).all())
+        order = None if ascending else np.argsort(rows, kind="stable")
+        srt = rows if order is None else rows[order]  # (r,) ascending
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        scratch = np.empty((min(READ_SPAN, int(srt[-1] - srt[0]) + 1), d), dtype=np.float32)
+        # Runs of rows at most READ_GAP apart, each cut into reads of at most READ_SPAN rows.
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(srt) > READ_GAP) + 1, [len(srt)]])
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+            while a < b:
+                first = int(srt[a])
+                stop = a + int(np.searchsorted(srt[a:b], first + READ_SPAN))  # rows < first+SPAN
+                span = int(srt[stop - 1]) - first + 1
+                if order is None and span == stop - a:  # consecutive rows: read in place
+                    self._pread(out[a:stop], first * d * 4)
+                else:
+                    self._pread(scratch[:span], first * d * 4)
+                    if order is None:
+                        np.take(scratch, srt[a:stop] - first, axis=0, out=out[a:stop])
+                    else:
+                        out[order[a:stop]] = scratch[srt[a:stop] - first]
+                a = stop
+        return out
+
+    def _pread(self, into: np.ndarray, offset: int) -> None:
+        view = memoryview(into).cast("B")
+        done = 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], offset + done)
+            if got <= 0:
+                raise DataIntegrityError(
+                    f"{self.path}: short read at byte {offset + done} (the file shrank?)"
+                )
+            done += got
+
+    def close(self) -> None:
+        """Close the file descriptor ``take`` opened (the mapping stays)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class RowsRead:
+    """``rows[i]``: row ``i`` of an ``(n, d)`` matrix read by ``take`` (``MappedVectors.take``:
+    a positioned read a row), for the few scattered rows a step needs one at a time; ``shape``
+    and ``ndim`` are the matrix's, so it stands for the matrix where single rows are read."""
+
+    def __init__(self, take: Callable[[np.ndarray], np.ndarray], shape: tuple[int, int]) -> None:
+        self.take = take
+        self.shape = shape
+        self.ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.take(np.array([i], dtype=np.int64))[0]  # (d,)
 
 
 def spill_vectors(dataset: Dataset, ids: pa.Array | None, folder: str | Path) -> MappedVectors:

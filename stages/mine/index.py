@@ -19,18 +19,22 @@ rows silently and returns meaningless neighbours.
 The corpus matrix may be memory-mapped (``pipeline/mining_inputs.MappedVectors``): every full pass
 over it (checks, adding, exact search) goes ``BLOCK`` rows at a time and calls ``release`` after
 each block, and gathers go ``take_rows``' chunks at a time, so the pages resident at once are a block's,
-not the matrix's (a million 384-d vectors are 1.43 GiB).
+not the matrix's (a million 384-d vectors are 1.43 GiB); given ``take`` (``MappedVectors.take``),
+gathers read their rows with positioned reads and touch no page of the mapping. An IVF index can
+be written to disk as it is built and searched mapped (``on_disk``; ``stages/mine/ondisk.py``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 import faiss
 import numpy as np
 from pairforge.pipeline.mining_inputs import no_release, take_rows
+from pairforge.stages.mine.ondisk import read_mapped, train_ivf, write_ivf
 
 __all__ = [
     "IndexKind",
@@ -133,6 +137,8 @@ def build_index(
     ivf_codec: Literal["flat", "sq8"] = "flat",
     train_iterations: int = 25,
     release: Callable[[], None] = no_release,
+    take: Callable[[np.ndarray], np.ndarray] | None = None,
+    on_disk: str | Path | None = None,
 ) -> faiss.Index:
     """Build an inner-product index holding ``vectors`` (float32, ``(n, d)``, L2-normalised).
 
@@ -145,7 +151,11 @@ def build_index(
     and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
     :func:`gpu_available`; ``True`` demands it (RuntimeError otherwise; ValueError for HNSW, which
     faiss cannot run on GPU); ``False`` stays on CPU. The vectors are read and added ``BLOCK``
-    rows at a time, ``release`` after each block (see the module docstring).
+    rows at a time, ``release`` after each block (see the module docstring); ``take(rows)``,
+    when given, gathers the k-means sample (``MappedVectors.take``) instead of the mapping.
+    ``on_disk``: for an IVF index on the CPU, the file its lists are written to as they are
+    added (``stages/mine/ondisk.py``: the bytes ``faiss.write_index`` writes for the index built
+    in memory); the index returned maps that file read-only instead of holding its lists.
     """
     vectors = check_vectors(vectors, "vectors", norm_tol, release)
     n, d = vectors.shape
@@ -162,12 +172,15 @@ def build_index(
         index.hnsw.efSearch = ef_search
     else:
         index = _trained_ivf(
-            vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations, release
+            vectors, nlist, nprobe, train_size, seed, ivf_codec, train_iterations, release, take
         )
     if kind == "hnsw":
         # One add: HNSW inserts each call's vectors by level with a fresh shuffle, so blocks
         # would build another graph. The graph holds the vectors in memory anyway.
         index.add(vectors)
+    elif kind == "ivf" and on_disk is not None and not on_gpu:
+        write_ivf(index, vectors, on_disk, release)
+        return read_mapped(on_disk)
     else:
         # faiss adds to an IVF index in chunks of 65,536 itself: the same assignments.
         for start in range(0, n, BLOCK):
@@ -238,6 +251,7 @@ def _trained_ivf(
     ivf_codec: str,
     train_iterations: int,
     release: Callable[[], None] = no_release,
+    take: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> faiss.Index:
     """An empty IVF index (``IndexIVFFlat``, or ``IndexIVFScalarQuantizer`` for ``sq8``) whose
     ``nlist`` cells k-means trained on a ``seed``-drawn sample of ``train_size`` rows of
@@ -256,7 +270,8 @@ def _trained_ivf(
     index.cp.seed = seed
     index.cp.niter = train_iterations
     rows = np.sort(np.random.default_rng(seed).choice(n, size=train_size, replace=False))
-    index.train(take_rows(vectors, rows, release))
+    sample = take(rows) if take is not None else take_rows(vectors, rows, release)  # (t, d)
+    train_ivf(index, sample)  # index.train(sample), in less memory
     index.nprobe = min(nprobe, nlist)
     return index
 
@@ -327,12 +342,13 @@ def measure_recall(
     seed: int = 0,
     norm_tol: float | None = DEFAULT_NORM_TOL,
     release: Callable[[], None] = no_release,
+    take: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> float:
     """Recall@k of ``index`` against exact search, on a seeded sample of ``vectors`` as queries.
 
     ``index`` must have been built from exactly ``vectors`` (ids are row numbers). Exact neighbours
     come from brute force over ``vectors``, ``BLOCK`` rows at a time (``release`` after each), so
-    no second index is built.
+    no second index is built; ``take(rows)``, when given, gathers the queries.
     """
     vectors = check_vectors(vectors, "vectors", norm_tol, release)
     if index.ntotal != vectors.shape[0]:
@@ -342,7 +358,7 @@ def measure_recall(
         )
     n = vectors.shape[0]
     rows = np.sort(np.random.default_rng(seed).choice(n, size=min(sample_size, n), replace=False))
-    queries = take_rows(vectors, rows, release)  # (s, d)
+    queries = take(rows) if take is not None else take_rows(vectors, rows, release)  # (s, d)
     _, approx = search(index, queries, k, norm_tol=None)
     return recall_at_k(approx, exact_knn(queries, vectors, k, release))
 

@@ -12,13 +12,19 @@ from typing import Any, NamedTuple
 import faiss
 import numpy as np
 from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.mining_inputs import no_release
+from pairforge.pipeline.mining_inputs import RowsRead, no_release
 from pairforge.stages.mine.index import BLOCK, _default_nlist, build_index, gpu_available, search
+from pairforge.stages.mine.ondisk import read_mapped
 
 INDEX_FILE = "index.faiss"
-# Queries per chunk of the exact rescoring: a chunk touches k scattered corpus rows per query,
-# and the corpus's pages are released after each chunk (a mapped matrix stays small in memory).
+# Queries per chunk of the exact rescoring from a matrix in memory: a chunk touches k scattered
+# corpus rows per query, and ``release`` follows each chunk.
 RESCORE_CHUNK = 512
+# Corpus rows per range of the exact rescoring with positioned reads (``take``): at most this
+# many rows are held at a time (48 MiB at d = 384), the range's span read whole when at least
+# one row in RESCORE_DENSE is a neighbour (copying a row costs less than a read call of its own).
+RESCORE_ROWS = 32_768
+RESCORE_DENSE = 8
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,9 @@ class Searcher:
     ``rescore`` replaces the index's scores by exact cosines from ``vectors`` and re-sorts: an
     8-bit IVF index returns scores off by ~1e-3, and the band and eq. 2 need the real cosine.
     ``release`` is called whenever a step has touched ``vectors`` (``MappedVectors.release``
-    for a memory-mapped matrix: the resident pages stay those of a chunk).
+    for a memory-mapped matrix: the resident pages stay those of a chunk). ``take``, when
+    given, reads the queries' and the rescored neighbours' rows instead of the mapping
+    (``MappedVectors.take``: positioned reads, no mapped page enters the resident set).
     """
 
     def __init__(
@@ -66,6 +74,7 @@ class Searcher:
         batch: int,
         rescore: bool = False,
         release: Callable[[], None] = no_release,
+        take: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         self.index = index
         self.vectors = vectors  # (n, d) float32, row i is corpus row i
@@ -73,20 +82,43 @@ class Searcher:
         self.batch = batch
         self.rescore = rescore
         self.release = release
+        self.take = take
+        self._buffer: np.ndarray | None = None  # the rescoring's reads, (RESCORE_ROWS, d)
+
+    @property
+    def rows(self) -> np.ndarray | RowsRead:
+        """What single rows are read from: ``vectors``, or with ``take`` a ``RowsRead`` of the
+        mapped matrix (a row touched through the mapping maps a large folio of the file)."""
+        return self.vectors if self.take is None else RowsRead(self.take, self.vectors.shape)
 
     def neighbours(self, rows: np.ndarray, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)`` of shape ``(len(rows), k)``, best first, -1 / -inf padded;
         ``k`` defaults to the searcher's."""
         k = self.k if k is None else k
-        queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
-        self.release()
+        if self.take is not None:
+            queries = self.take(rows)  # (b, d)
+        else:
+            queries = np.ascontiguousarray(self.vectors[rows])  # (b, d)
+            self.release()
         scores, ids = search(self.index, queries, k, self.batch, norm_tol=None)
         if not self.rescore:
             return scores, ids
+        if self.take is not None:
+            if self._buffer is None:  # kept: a fresh one would be faulted in at every search
+                self._buffer = np.empty((RESCORE_ROWS, queries.shape[1]), dtype=np.float32)
+            exact = _rescored(queries, ids, self.take, self._buffer)
+        else:
+            exact = self._rescored_in_memory(queries, ids)
+        order = np.argsort(-exact, axis=1, kind="stable")
+        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+    def _rescored_in_memory(self, queries: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Exact cosines ``(b, k)`` of ``queries`` to their neighbours ``ids`` read from
+        ``vectors`` itself, ``RESCORE_CHUNK`` queries at a time; -inf where ``ids`` is -1."""
         safe = np.ascontiguousarray(np.maximum(ids, 0))  # (b, k)
         exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
-        for lo in range(0, len(rows), RESCORE_CHUNK):
-            hi = min(len(rows), lo + RESCORE_CHUNK)
+        for lo in range(0, len(queries), RESCORE_CHUNK):
+            hi = min(len(queries), lo + RESCORE_CHUNK)
             # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
             faiss.fvec_inner_products_by_idx(
                 faiss.swig_ptr(exact[lo:hi]),
@@ -99,8 +131,7 @@ class Searcher:
             )
             self.release()
         exact[ids < 0] = -np.inf
-        order = np.argsort(-exact, axis=1, kind="stable")
-        return np.take_along_axis(exact, order, axis=1), np.take_along_axis(ids, order, axis=1)
+        return exact
 
     def band_neighbours(self, rows: np.ndarray, low: float, cap: int | None) -> BandSearch:
         """Neighbours of ``rows`` down to the bottom of the band: the search starts at ``k`` and
@@ -131,6 +162,58 @@ class Searcher:
         return BandSearch(scores, ids, searched, capped)
 
 
+def _rescored(
+    queries: np.ndarray,
+    ids: np.ndarray,
+    take: Callable[..., np.ndarray],
+    buffer: np.ndarray | None = None,
+) -> np.ndarray:
+    """Exact cosines ``(b, k)`` of ``queries`` to their neighbours ``ids``, the neighbours'
+    rows read by ``take(rows, out)`` range by range (``RESCORE_ROWS`` corpus rows each, into
+    ``buffer``, float32 ``(RESCORE_ROWS, d)``, allocated when not given): a range dense in
+    neighbours is read whole, a sparse one row by row, so the rows held at once are a range's
+    whatever ``b``. -inf where ``ids`` is -1. Each cosine is faiss's ``fvec_inner_product`` of
+    the same two rows as ``_rescored_in_memory``'s: the same bits."""
+    b, k = ids.shape
+    d = queries.shape[1]
+    if buffer is None:
+        buffer = np.empty((RESCORE_ROWS, d), dtype=np.float32)
+    flat = ids.reshape(-1)  # (b k,)
+    # The pairs grouped by range (a stable radix sort of small keys; range 0: no neighbour).
+    key = np.where(flat >= 0, flat // RESCORE_ROWS + 1, 0)  # (b k,)
+    key = key.astype(np.uint16 if key.max(initial=0) < 2**16 else np.int64)
+    order = np.argsort(key, kind="stable")  # (b k,)
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(key))])
+    exact = np.full(b * k, -np.inf, dtype=np.float32)  # (b k,)
+    local = np.full(b * k, -1, dtype=np.int64)  # (b k,): row in the range read; -1 skipped
+    part = np.empty(b * k, dtype=np.float32)
+    for r in range(1, len(bounds) - 1):
+        pairs = order[bounds[r] : bounds[r + 1]]
+        if not len(pairs):
+            continue
+        got = flat[pairs]
+        rows = np.unique(got)  # (u,) ascending
+        first, span = int(rows[0]), int(rows[-1] - rows[0]) + 1
+        if span <= RESCORE_DENSE * len(rows):  # one read of the whole range
+            block = take(np.arange(first, first + span), buffer)  # (span, d)
+            local[pairs] = got - first
+        else:
+            block = take(rows, buffer)  # (u, d)
+            local[pairs] = np.searchsorted(rows, got)
+        faiss.fvec_inner_products_by_idx(
+            faiss.swig_ptr(part),
+            faiss.swig_ptr(queries),
+            faiss.swig_ptr(block),
+            faiss.swig_ptr(local),
+            d,
+            b,
+            k,
+        )
+        exact[pairs] = part[pairs]
+        local[pairs] = -1
+    return exact.reshape(b, k)
+
+
 class BandSearch(NamedTuple):
     """What ``Searcher.band_neighbours`` found: ``(b, width)`` scores and ids, per row the slots
     searched and whether the cap stopped the search before the band ended."""
@@ -153,13 +236,14 @@ def band_sizes(
     high: float,
     block_bytes: int = 1 << 26,
     release: Callable[[], None] = no_release,
+    take: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> np.ndarray:
     """Exact number of other corpus rows with a cosine in ``[low, high]`` to each of ``rows``,
     shape ``(len(rows),)``, by brute force in blocks of ``BLOCK`` corpus rows (``release``
     after each) and about ``block_bytes`` of scores (memory stays bounded at any corpus size).
-    For the coverage check on a sample of anchors."""
+    For the coverage check on a sample of anchors; ``take``, when given, reads their rows."""
     n = len(vectors)
-    queries = np.ascontiguousarray(vectors[rows])  # (s, d)
+    queries = take(rows) if take is not None else np.ascontiguousarray(vectors[rows])  # (s, d)
     out = np.zeros(len(rows), dtype=np.int64)
     lo, hi = np.float32(low), np.float32(high)
     for c0 in range(0, n, BLOCK):
@@ -176,22 +260,32 @@ def band_sizes(
 
 
 def open_index(
-    vectors: np.ndarray, work: Path, cfg: IndexSettings, release: Callable[[], None] = no_release
+    vectors: np.ndarray,
+    work: Path,
+    cfg: IndexSettings,
+    release: Callable[[], None] = no_release,
+    take: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[faiss.Index, dict[str, Any]]:
     """The index over ``vectors`` and facts about it for the metrics. An approximate index is
     saved under ``work`` once built and loaded from there by a resumed run (training an IVF or
-    building an HNSW index is the costly part). ``release``: see ``build_index``."""
+    building an HNSW index is the costly part). ``release``, ``take``: see ``build_index``."""
     n, d = vectors.shape
     kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
     use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
     saved = work / INDEX_FILE
     start = time.monotonic()
+    # An IVF index on the CPU is written to ``saved`` as it is built and searched mapped from
+    # there (stages/mine/ondisk.py): its lists are not held in memory.
+    gpu = use_gpu is not False and kind == "ivf" and gpu_available()
+    mapped = kind == "ivf" and not gpu
     if kind != "flat" and saved.exists():
-        index = faiss.read_index(str(saved))
-        if use_gpu is not False and kind == "ivf" and gpu_available():
+        index = read_mapped(saved) if mapped else faiss.read_index(str(saved))
+        if gpu:
             index = faiss.index_cpu_to_all_gpus(index)
         loaded = True
     else:
+        if mapped:
+            work.mkdir(parents=True, exist_ok=True)
         try:
             index = build_index(
                 vectors,
@@ -207,13 +301,15 @@ def open_index(
                 use_gpu=use_gpu,  # type: ignore[arg-type]
                 seed=cfg.seed,
                 release=release,
+                take=take,
+                on_disk=saved if mapped else None,
             )
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(
                 f"mine: cannot build a {kind} index over {n} vectors: {exc}"
             ) from None
         loaded = False
-        if kind != "flat":
+        if kind != "flat" and not mapped:
             work.mkdir(parents=True, exist_ok=True)
             cpu = faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index
             tmp = work / f".{INDEX_FILE}.tmp"

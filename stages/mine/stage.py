@@ -21,6 +21,7 @@ of own augmentations held (``augmentations``: the candidates; ``rewrites``).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -195,7 +196,7 @@ def mine_shard(
         fallback=fallback,  # type: ignore[arg-type]
         widen_step=widen_step,
         widen_limits=widen_limits,
-        vectors=searcher.vectors if fallback == "random" else None,
+        vectors=searcher.rows if fallback == "random" else None,
         seed=seed,
         workers=workers,
         searched=found.searched,
@@ -250,11 +251,21 @@ def _write_search_index(index, path: Path) -> None:
     """The index, on the CPU, where the Dask workers read it (atomically: a worker never reads
     half a file)."""
     import faiss
-    from pairforge.stages.mine.searcher import _on_gpu
+    from pairforge.stages.mine.ondisk import is_mapped
+    from pairforge.stages.mine.searcher import INDEX_FILE, _on_gpu
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
+    if is_mapped(index):
+        # Its lists are mapped from <output>/_work/index.faiss, which faiss wrote: the workers
+        # map the same file (a link; faiss cannot write an index whose lists it mapped).
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(path.with_name(INDEX_FILE), tmp)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(path.with_name(INDEX_FILE), tmp)
+    else:
+        faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
     tmp.replace(path)
 
 
@@ -368,14 +379,14 @@ def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
         # The exact index stores the vectors as they are: search them in place (mapped).
         view = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
         vectors = view.reshape(index.ntotal, index.d)
-        release = no_release
+        release, take = no_release, None
     else:
         # The driver's spilled vectors, beside the index (the page cache is shared).
         mapped = MappedVectors(Path(index_path).with_name(VECTOR_FILE), len(ids), index.d)
-        vectors, release = mapped.array, mapped.release
+        vectors, release, take = mapped.array, mapped.release, mapped.take
     k = min(cfg.k + 1, len(vectors))
     rescore = _ivf(index) is not None and cfg.ivf_codec == "sq8"
-    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore=rescore, release=release)
+    searcher = Searcher(index, vectors, k, cfg.query_batch, rescore, release, take)
     return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
 
 
@@ -404,7 +415,12 @@ def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
     rng = np.random.default_rng(cfg.seed)
     rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
     band = band_sizes(  # (s,)
-        searcher.vectors, rows, cfg.band_low, cfg.band_high, release=searcher.release
+        searcher.vectors,
+        rows,
+        cfg.band_low,
+        cfg.band_high,
+        release=searcher.release,
+        take=searcher.take,
     )
     cap = None if cfg.pool_cap is None else cfg.pool_cap + 1
     found = searcher.band_neighbours(rows, cfg.band_low, cap)
@@ -566,7 +582,7 @@ def _open_searcher(
     mapped = spill_vectors(embeddings, ids, Path(cfg.output) / "_work")
     vectors = mapped.array
     index, facts = open_index(
-        vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg), mapped.release
+        vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg), mapped.release, mapped.take
     )
     log.info(
         "mine: %s index over %d x %d vectors (%.1fs)",
@@ -584,9 +600,11 @@ def _open_searcher(
         )
     facts.update(_recall(cfg, mapped, index, facts["kind"]))
     flat = flat_view(index, vectors)  # a flat index holds the vectors: search them there
-    release = mapped.release if flat is vectors else no_release
+    mapped_rows = flat is vectors
+    release = mapped.release if mapped_rows else no_release
     rescore = facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
-    searcher = Searcher(index, flat, k, cfg.query_batch, rescore=rescore, release=release)
+    take = mapped.take if mapped_rows else None  # positioned reads: no mapped pages resident
+    searcher = Searcher(index, flat, k, cfg.query_batch, rescore, release, take)
     return index, searcher, facts
 
 
@@ -605,6 +623,7 @@ def _recall(cfg: MineConfig, mapped: MappedVectors, index, kind: str) -> dict[st
             seed=cfg.seed,
             norm_tol=None,
             release=mapped.release,
+            take=mapped.take,
         )
         facts = {
             "recall_at_k": round(recall, 4),

@@ -95,14 +95,15 @@ def _mine(root: Path, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
 def test_mine_on_two_dask_workers_writes_the_same_bytes(mined, cluster, tmp_path, kind):  # noqa: F811
     """The workers search the driver's index mapped from <output>/_work (a flat index's
-    vectors in place; HNSW's from the driver's _work/vectors.f32, mapped), with the same pools."""
+    vectors in place; HNSW's and IVF's from the driver's _work/vectors.f32, read with positioned
+    reads; IVF's lists from the file the driver wrote as it built them), with the same pools."""
     root = copy_project(mined, tmp_path)
     shutil.rmtree(root / "data/pools")
     # fallback random reads the searcher's vectors too; min_pool 70 > pool_cap makes every pool short.
-    run = _mine(root, index=kind, fallback="random", min_pool=70, pool_cap=64)
+    run = _mine(root, index=kind, ivf_codec="sq8", fallback="random", min_pool=70, pool_cap=64)
     plain, metrics = _plain_then(root, "data/pools", run, cluster)
     assert metrics["computed_shards"] == metrics["shards"] >= 2
     assert metrics["index"]["kind"] == kind
