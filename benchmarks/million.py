@@ -154,10 +154,12 @@ def run_size(args, texts: list[str], origin: list, base: np.ndarray, real: dict[
     result = {"n": n, "steps": {}}
     for step in STEPS:
         cmd = [*pairforge_command(), step, "--params", "params.yaml"]
-        result["steps"][step] = measured(cmd, folder, env, log)
-        got = result["steps"][step]
+        before = _load()
+        result["steps"][step] = got = measured(cmd, folder, env, log)
+        got["load"] = [before, _load()]  # 1-, 5- and 15-minute load averages, before and after
         print(f"  {n:,} {step}: {got['seconds']:.1f} s, peak {got['peak_mib']:,.0f} MiB "
-              f"(anonymous {got['anon_mib']:,.0f} MiB)", flush=True)  # fmt: skip
+              f"(anonymous {got['anon_mib']:,.0f} MiB), load {before} -> {got['load'][1]}",
+              flush=True)  # fmt: skip
     mine = json.loads((folder / p["mine"]["metrics"]).read_text())
     sample = json.loads((folder / p["sample"]["metrics"]).read_text())
     keys = ("index", "pool_size", "band_coverage", "pool_seconds", "seconds")
@@ -175,13 +177,14 @@ def _load() -> str:
 def table(runs: list[dict]) -> str:
     small, large = runs[0], runs[-1]
     nan = float("nan")  # runs recorded before the anonymous peak was sampled
-    lines = ["| sentences | step | seconds | peak MiB (ru_maxrss) | peak anonymous MiB |",
-             "|---:|---|---:|---:|---:|"]  # fmt: skip
+    lines = ["| sentences | step | seconds | load (1 min) | peak MiB (ru_maxrss) "
+             "| peak anonymous MiB |", "|---:|---|---:|---|---:|---:|"]  # fmt: skip
     for r in runs:
         for step in STEPS:
             s = r["steps"][step]
-            lines.append(f"| {r['n']:,} | {step} | {s['seconds']:.1f} | {s['peak_mib']:,.0f} "
-                         f"| {s.get('anon_mib', nan):,.0f} |")  # fmt: skip
+            load = " -> ".join(x.split()[0] for x in s.get("load", []))  # older runs: none
+            lines.append(f"| {r['n']:,} | {step} | {s['seconds']:.1f} | {load} "
+                         f"| {s['peak_mib']:,.0f} | {s.get('anon_mib', nan):,.0f} |")  # fmt: skip
     out = "\n".join(lines) + "\n\n"
     for r in runs:
         idx = r["mine"]["index"] or {}

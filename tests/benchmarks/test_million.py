@@ -53,6 +53,8 @@ def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
             assert step["seconds"] > 0 and step["peak_mib"] > 50
             # The sampled anonymous peak: part of the peak, and most of it (no big mapped file).
             assert 0.3 * step["peak_mib"] < step["anon_mib"] <= step["peak_mib"]
+            # The load averages (1, 5, 15 min) before and after, printed beside the time.
+            assert [len(x.split()) for x in step["load"]] == [3, 3]
         assert r["mine"]["index"]["kind"] == "ivf" and r["mine"]["index"]["nprobe"] == 4
         assert r["mine"]["pool_size"]["max"] <= 64  # pool_cap 0: k only, no deepening
         assert 0 < r["mine"]["index"]["recall_at_k"] <= 1
