@@ -62,6 +62,10 @@ log = logging.getLogger("pairforge")
 
 STAGE = "mine"
 GPU_MAX_K = 2048  # faiss's GPU k-selection limit
+# Anchors whose pool rules run at once (mine_shard). The rules hold each distinct neighbour's
+# text, raw and normalised; an anchor batch's distinct neighbours grow with the corpus until it
+# holds far more than batch x k rows (16,384 anchors x 65: 96k rows at 100k, 650k at 1M).
+RULE_BATCH = 4096
 AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
 
 
@@ -183,32 +187,39 @@ def mine_shard(
     rows = table[S.ROW].to_numpy()
     found = searcher.band_neighbours(rows, band[0], None if pool_cap is None else pool_cap + 1)
     scores, neighbours = found.scores, found.ids
-    pools = build_negative_pools(
-        neighbours,
-        scores,
-        rows,
-        texts,
-        table[AUGMENTATIONS].to_pylist(),
-        low=band[0],
-        high=band[1],
-        near_duplicate_threshold=near_duplicate_threshold,
-        m=min_pool,
-        fallback=fallback,  # type: ignore[arg-type]
-        widen_step=widen_step,
-        widen_limits=widen_limits,
-        vectors=searcher.rows if fallback == "random" else None,
-        seed=seed,
-        workers=workers,
-        searched=found.searched,
-    )
+    augmentations = table[AUGMENTATIONS].to_pylist()
+    # The pool rules hold every distinct neighbour's text, raw and normalised: RULE_BATCH
+    # anchors at a time. A pool depends on its anchor alone, so the cut changes no pool.
+    parts, counts = [], {}
+    for lo in range(0, len(rows), RULE_BATCH):
+        part = slice(lo, lo + RULE_BATCH)
+        pools = build_negative_pools(
+            neighbours[part],
+            scores[part],
+            rows[part],
+            texts,
+            augmentations[part],
+            low=band[0],
+            high=band[1],
+            near_duplicate_threshold=near_duplicate_threshold,
+            m=min_pool,
+            fallback=fallback,  # type: ignore[arg-type]
+            widen_step=widen_step,
+            widen_limits=widen_limits,
+            vectors=searcher.rows if fallback == "random" else None,
+            seed=seed,
+            workers=workers,
+            searched=found.searched[part],
+        )
+        parts.append(pools_table(table[S.ID].slice(lo, RULE_BATCH), pools, ids))
+        for key, value in pools.counts().items():
+            counts[key] = counts.get(key, 0) + value
     in_band = (neighbours >= 0) & (neighbours != rows[:, None])
     in_band &= (scores >= np.float32(band[0])) & (scores <= np.float32(band[1]))
-    counts = {
-        **pools.counts(),
-        "capped": int(found.capped.sum()),
-        "band_retrieved": int(in_band.sum()),
-    }
-    return pools_table(table[S.ID], pools, ids), counts
+    counts.update(capped=int(found.capped.sum()), band_retrieved=int(in_band.sum()))
+    if len(parts) == 1:
+        return parts[0], counts
+    return pa.concat_tables(parts).combine_chunks(), counts
 
 
 def pools_table(

@@ -253,3 +253,18 @@ def _shard_bytes(root: Path) -> list[bytes]:
     pools = open_dataset(root / "data/pools", S.POOLS)
     assert pools.num_rows == 240
     return [pools.shard_path(i).read_bytes() for i in range(len(pools))]
+
+
+def test_pool_rules_in_parts_write_the_same_bytes(monkeypatch, project, tmp_path):  # noqa: F811
+    """The pool rules ``RULE_BATCH`` anchors at a time within an anchor batch (random fills
+    included: ``min_pool`` past every pool): the same shard bytes and the same counts."""
+    cfg = dict(k=16, pool_cap=None, min_pool=30, anchor_batch=40, fallback="random")
+    whole = run(_cfg(project, **cfg), progress=False)
+    want = _shard_bytes(project)
+    monkeypatch.setattr(stage_module, "RULE_BATCH", 7)
+    parts = run(_cfg(project, **cfg, output=str(tmp_path / "pools")), progress=False)
+    got = [p.read_bytes() for p in sorted((tmp_path / "pools/data").iterdir())]
+    assert got == want
+    assert whole["random_candidates"] > 0
+    for key in ("pool_size", "excluded", "random_candidates", "short_before_fallback"):
+        assert parts[key] == whole[key]
