@@ -247,6 +247,7 @@ STAGES: dict[str, StageDef] = {
         code=(
             "stages/mine/stage.py",
             "stages/mine/index.py",
+            "stages/mine/ondisk.py",
             "pipeline/pools.py",
             "stages/mine/searcher.py",
             "pipeline/mining_inputs.py",
