@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -274,3 +275,29 @@ def copy_project(src: Path, dest: Path) -> Path:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length, float32."""
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def clustered_vectors(seed: int, clusters: int, dim: int, n: int) -> np.ndarray:
+    """``n`` unit vectors around ``clusters`` random centres (neighbours that an IVF index can
+    find and miss)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((clusters, dim)) * 2
+    return unit_rows(centers[rng.integers(0, clusters, n)] + rng.standard_normal((n, dim)))
+
+
+def resident_kib(path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header (no path: anonymous)
+                inside = len(head) >= 6 and head[5] == str(Path(path).resolve())
+            elif inside and head[0] == "Rss:":
+                total += int(head[1])
+    return total

@@ -4,7 +4,6 @@ pages a pass touches leave the process's resident set."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import faiss
@@ -25,31 +24,12 @@ from pairforge.stages.mine import searcher as searcher_module
 from pairforge.stages.mine.index import build_index, check_vectors, exact_knn, measure_recall
 from pairforge.stages.mine.searcher import Searcher, band_sizes
 
-from tests.stages.mining_helpers import write_embeddings
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+from tests.stages.mining_helpers import clustered_vectors, resident_kib, unit_rows, write_embeddings
 
 
 @pytest.fixture(scope="module")
 def vectors() -> np.ndarray:
-    rng = np.random.default_rng(3)
-    centers = rng.standard_normal((20, 24)) * 2
-    return _unit(centers[rng.integers(0, 20, 3000)] + rng.standard_normal((3000, 24)))
-
-
-def _resident_kib(path) -> int:
-    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()
-            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header (no path: anonymous)
-                inside = len(head) >= 6 and head[5] == str(path)
-            elif inside and head[0] == "Rss:":
-                total += int(head[1])
-    return total
+    return clustered_vectors(3, 20, 24, 3000)
 
 
 def test_spilled_vectors_equal_the_loaded_ones_and_check_their_ids(tmp_path, vectors):
@@ -77,17 +57,17 @@ def test_spilled_vectors_equal_the_loaded_ones_and_check_their_ids(tmp_path, vec
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
 def test_release_drops_the_touched_pages(tmp_path):
     n, d = 20_000, 64  # 4.9 MiB
-    data = _unit(np.random.default_rng(0).standard_normal((n, d)))
+    data = unit_rows(np.random.default_rng(0).standard_normal((n, d)))
     (tmp_path / "v.f32").write_bytes(data.tobytes())
     mapped = MappedVectors(tmp_path / "v.f32", n, d)
     path = (tmp_path / "v.f32").resolve()
     assert float(mapped.array.sum()) == pytest.approx(float(data.sum()), rel=1e-5)  # all touched
-    assert _resident_kib(path) > 4000
+    assert resident_kib(path) > 4000
     mapped.release()
-    assert _resident_kib(path) < 100
+    assert resident_kib(path) < 100
     rows = np.random.default_rng(1).choice(n, 5000, replace=False)
     assert np.array_equal(take_rows(mapped.array, rows, mapped.release), data[rows])
-    assert _resident_kib(path) < 100  # released after each chunk, the last one included
+    assert resident_kib(path) < 100  # released after each chunk, the last one included
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ leave no mapped page resident."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import faiss
@@ -25,40 +24,22 @@ from pairforge.stages.mine.searcher import Searcher, band_sizes
 from pairforge.stages.mine.stage import run
 
 from tests.stages.mine.test_mine import _cfg, project  # noqa: F401  (project: a fixture)
+from tests.stages.mining_helpers import clustered_vectors, resident_kib, unit_rows
 
 smaps = pytest.mark.skipif(
     not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps"
 )
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def vectors() -> np.ndarray:
-    rng = np.random.default_rng(5)
-    centers = rng.standard_normal((30, 32)) * 2
-    return _unit(centers[rng.integers(0, 30, 6000)] + rng.standard_normal((6000, 32)))
+    return clustered_vectors(5, 30, 32, 6000)
 
 
 @pytest.fixture()
 def mapped(tmp_path, vectors) -> MappedVectors:
     (tmp_path / "v.f32").write_bytes(vectors.tobytes())
     return MappedVectors(tmp_path / "v.f32", *vectors.shape)
-
-
-def _resident_kib(path) -> int:
-    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()
-            if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's header
-                inside = len(head) >= 6 and head[5] == str(Path(path).resolve())
-            elif inside and head[0] == "Rss:":
-                total += int(head[1])
-    return total
 
 
 # --- positioned reads -------------------------------------------------------------------------
@@ -103,9 +84,9 @@ def test_take_maps_no_page(mapped, vectors):
         band_sizes(vectors, picked, 0.2, 0.7),
         band_sizes(mapped.array, picked, 0.2, 0.7, release=mapped.release, take=mapped.take),
     )
-    assert _resident_kib(mapped.path) == 0
+    assert resident_kib(mapped.path) == 0
     mapped.array[rows].sum()  # the mapped gather, for contrast
-    assert _resident_kib(mapped.path) > 0
+    assert resident_kib(mapped.path) > 0
 
 
 @pytest.mark.parametrize("part", [32_768, 13])
@@ -149,7 +130,7 @@ def _empty_ivf(d: int, nlist: int, codec: str) -> faiss.Index:
 def test_training_in_less_memory_equals_faiss_train(n, d, codec):
     """``train_ivf``: the trained index serialises to the bytes of ``index.train`` (centroids,
     the 8-bit quantizer's ranges), also past the 100,000 rows faiss trains the quantizer on."""
-    x = _unit(np.random.default_rng(n).standard_normal((n, d)))
+    x = unit_rows(np.random.default_rng(n).standard_normal((n, d)))
     want, got = _empty_ivf(d, 24, codec), _empty_ivf(d, 24, codec)
     want.train(x)
     ondisk.train_ivf(got, x)
