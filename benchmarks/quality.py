@@ -875,7 +875,8 @@ def main(argv: list[str] | None = None) -> None:
     pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
     base_path = records / "untrained.json"
     base = json.loads(base_path.read_text()) if base_path.exists() else {}
-    summary = summarize(load_records(runs, records))
+    finished = load_records(runs, records)
+    summary = summarize(finished)
     text = markdown(summary, base, settings_of(args))
     lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
              targets(summary, start)]  # fmt: skip
@@ -889,7 +890,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         plot_hardness(summary, stats, out / "hardness.png")
         text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
-    if plot_curves(load_records(runs, records), out / "curves.png"):
+    if plot_curves(finished, out / "curves.png"):
         text += "\nThe dev curves (mean over seeds): curves.png.\n"
     (out / "quality.md").write_text(text)
     write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
