@@ -106,7 +106,7 @@ def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
 
 def params(folder: Path, args) -> dict:
     """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index,
-    ``--nprobe``, ``--pool-cap`` and ``--anchor-batch`` when given."""
+    ``--nprobe``, ``--pool-cap``, ``--anchor-batch`` and ``--ivf-codec`` when given."""
     import yaml
 
     p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
@@ -120,6 +120,8 @@ def params(folder: Path, args) -> dict:
         p["mine"]["pool_cap"] = args.pool_cap or None
     if getattr(args, "anchor_batch", None):
         p["mine"]["anchor_batch"] = args.anchor_batch
+    if getattr(args, "ivf_codec", None):
+        p["mine"]["ivf_codec"] = args.ivf_codec
     p["sample"].update(candidates=None, rewrites=None)
     return p
 
@@ -188,7 +190,8 @@ def table(runs: list[dict]) -> str:
     out = "\n".join(lines) + "\n\n"
     for r in runs:
         idx = r["mine"]["index"] or {}
-        out += (f"- {r['n']:,}: index {idx.get('kind')} (nlist {idx.get('nlist')}, nprobe "
+        out += (f"- {r['n']:,}: index {idx.get('kind')} {idx.get('codec')} (nlist "
+                f"{idx.get('nlist')}, nprobe "
                 f"{idx.get('nprobe')}), built in {idx.get('build_seconds')} s, recall@"
                 f"{idx.get('recall_k')} {idx.get('recall_at_k')} on {idx.get('recall_sample')} "
                 f"anchors; pools {json.dumps(r['mine']['pool_size'])}\n")  # fmt: skip
@@ -218,6 +221,8 @@ def main() -> None:
                     help="mine.pool_cap (default: the profile's 1024; 0: k only, no deepening)")  # fmt: skip
     ap.add_argument("--anchor-batch", type=int, default=None,
                     help="mine.anchor_batch (default: the profile's)")  # fmt: skip
+    ap.add_argument("--ivf-codec", choices=["flat", "sq8", "sq6", "sq4"], default=None,
+                    help="mine.ivf_codec (default: the profile's sq8)")  # fmt: skip
     ap.add_argument("--work", default="/tmp/pairforge-bench-million")
     ap.add_argument("--keep", action="store_true", help="keep each size's datasets")
     args = ap.parse_args()

@@ -240,11 +240,29 @@ def settings_of(args: argparse.Namespace, n: int, texts: list[str]) -> dict:
     return {
         "n": n, "texts": texts_digest(texts), "k": K, "band": list(BAND), "m": M,
         "batch_size": args.batch_size, "max_length": args.max_length, "cpus": os.cpu_count(),
+        "cpu": cpu_model(),
         "versions": {p: installed(p) for p in ("sentence-transformers", "transformers", "torch",
                                                "datasets", "faiss-cpu", "faiss-gpu")},
         "pairforge": {"rows_per_shard": args.rows_per_shard, "pool_cap": args.pool_cap,
                       "candidates": not args.no_candidates},
     }  # fmt: skip
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the vector instructions an encoder's speed depends on: a
+    stored peer figure from a machine with other ones (AVX-512, VNNI, AMX) is not reused."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), "")  # fmt: skip
+    flags = next((set(ln.split(":", 1)[1].split()) for ln in info.splitlines()
+                  if ln.startswith("flags")), set())  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return " ".join([name, *(f for f in wanted if f in flags)])
 
 
 def key_of(settings: dict, system: str, variant: str, env: str) -> str:

@@ -132,7 +132,7 @@ def embed_shard(
 
     Equal texts are encoded once. ``known = (mask, vectors)`` gives the vectors of the rows in
     ``mask`` (``(n,)`` bool; ``vectors`` ``(mask.sum(), d)``), which are then not encoded: a
-    candidate identical to its source sentence reuses the sentence's vector. ``vector_dtype`` is
+    candidate whose text is a sentence's reuses that sentence's vector. ``vector_dtype`` is
     the stored component type.
     """
     texts = table[S.TEXT].to_pylist()
@@ -240,8 +240,11 @@ class _LazyEncoder:
 
 
 class _SentenceVectors:
-    """The sentence vectors of candidates equal to their source sentence (back-translation
-    often returns the input: ~19% of the demo's candidates), loaded once when first needed."""
+    """The sentence vectors of candidates whose text is a sentence's, loaded once when first
+    needed: their own sentence's (back-translation often returns the input: ~19% of the demo's
+    candidates) or any other's (an augmentation that reproduces another corpus sentence, or a
+    corpus whose variants are themselves sentences). An embedding is a function of its text, so
+    each text is encoded once across the sentences and the augmentations."""
 
     def __init__(self, cfg: EmbedConfig, sentences: Dataset) -> None:
         self.cfg = cfg
@@ -251,9 +254,10 @@ class _SentenceVectors:
         self.vectors: np.ndarray | None = None
 
     def __call__(self, candidates: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        rows = pc.index_in(candidates[S.ID], value_set=self.ids)  # null: no such sentence
-        same = pc.fill_null(pc.equal(self.texts.take(rows), candidates[S.TEXT]), False)
-        mask = same.to_numpy(zero_copy_only=False)
+        # The row of a sentence with the candidate's text (null: none). Ingest deduplicates the
+        # sentences, so a text names one row; were it not, the first has the same vector.
+        rows = pc.index_in(candidates[S.TEXT], value_set=self.texts)
+        mask = rows.is_valid().to_numpy(zero_copy_only=False)
         if not mask.any():
             return mask, np.empty((0, 0), dtype=np.float32)
         if self.vectors is None:

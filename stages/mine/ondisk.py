@@ -12,8 +12,8 @@ a resumed run and the Dask workers. The pages a search touches count in the resi
 IVF search probes lists all over the index: a batch of queries touches all of it); they are
 clean page cache, which the kernel can take back under memory pressure.
 
-``train_ivf`` trains an empty 8-bit IVF index as ``index.train`` does, without the two copies of
-the training sample that faiss makes for the scalar quantizer.
+``train_ivf`` trains an empty 8-, 6- or 4-bit IVF index as ``index.train`` does, without the two
+copies of the training sample that faiss makes for the scalar quantizer.
 """
 
 from __future__ import annotations
@@ -99,18 +99,23 @@ def write_ivf(
 
 def train_ivf(index: faiss.Index, x: np.ndarray) -> None:
     """``index.train(x)`` for an empty IVF index (``x``: float32 ``(n, d)``, C-contiguous), with
-    the same result, in less memory for an 8-bit residual scalar quantizer.
+    the same result, in less memory for an 8-, 6- or 4-bit residual scalar quantizer.
 
     faiss trains such an index by k-means on ``x``, then trains the quantizer on the residuals
     of at most ``train_encoder_num_vectors()`` (100,000) rows of ``x``: a seeded copy of those
     rows and their residuals, two more matrices the size of the sample (293 MiB at 1M
-    sentences). The 8-bit quantizer only keeps each component's minimum and maximum residual,
+    sentences). These quantizers (range statistic min-max, faiss's default) keep only each
+    component's minimum and maximum residual,
     so here the residuals are computed in chunks (each the same rows, assigned in the same
     blocks of faiss's BLAS search as in one call) and faiss trains the quantizer on the two rows
     (minima, maxima): the same trained values (tested). Other indexes call ``index.train``."""
     ivf = faiss.extract_index_ivf(index)
+    ranged = (faiss.ScalarQuantizer.QT_8bit, faiss.ScalarQuantizer.QT_6bit,
+              faiss.ScalarQuantizer.QT_4bit)  # fmt: skip
     squant = isinstance(ivf, faiss.IndexIVFScalarQuantizer) and (
-        ivf.by_residual and ivf.sq.qtype == faiss.ScalarQuantizer.QT_8bit
+        ivf.by_residual
+        and ivf.sq.qtype in ranged
+        and ivf.sq.rangestat == faiss.ScalarQuantizer.RS_minmax
     )
     if not squant or ivf.is_trained:
         index.train(x)

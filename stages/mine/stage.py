@@ -117,8 +117,9 @@ class MineConfig(StageConfig):
     flat_max: int = Field(50_000, ge=1, description="auto: exact search up to this many sentences")
     nlist: int | None = Field(None, ge=1, description="IVF cells (default 4 sqrt(n))")
     nprobe: int | None = Field(None, ge=1, description="IVF cells scanned per query")
-    ivf_codec: Literal["flat", "sq8"] = Field(
-        "sq8", description="IVF storage: full vectors, or 8-bit (2x faster, rescored exactly)"
+    ivf_codec: Literal["flat", "sq8", "sq6", "sq4"] = Field(
+        "sq8",
+        description="IVF storage: full vectors, or 8-, 6-, 4-bit scalars (rescored exactly)",
     )
     train_size: int | None = Field(None, ge=1, description="IVF k-means sample (default 40 nlist)")
     train_iterations: int = Field(10, ge=1, description="IVF k-means rounds")
@@ -396,7 +397,7 @@ def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
         mapped = MappedVectors(Path(index_path).with_name(VECTOR_FILE), len(ids), index.d)
         vectors, release, take = mapped.array, mapped.release, mapped.take
     k = min(cfg.k + 1, len(vectors))
-    rescore = _ivf(index) is not None and cfg.ivf_codec == "sq8"
+    rescore = _ivf(index) is not None and cfg.ivf_codec != "flat"
     searcher = Searcher(index, vectors, k, cfg.query_batch, rescore, release, take)
     return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
 
@@ -613,7 +614,7 @@ def _open_searcher(
     flat = flat_view(index, vectors)  # a flat index holds the vectors: search them there
     mapped_rows = flat is vectors
     release = mapped.release if mapped_rows else no_release
-    rescore = facts["kind"] == "ivf" and cfg.ivf_codec == "sq8"
+    rescore = facts["kind"] == "ivf" and cfg.ivf_codec != "flat"
     take = mapped.take if mapped_rows else None  # positioned reads: no mapped pages resident
     searcher = Searcher(index, flat, k, cfg.query_batch, rescore, release, take)
     return index, searcher, facts

@@ -44,8 +44,9 @@ def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
     base[:, 0] += 2.0  # a shared direction: cosines spread over the band, not all near 0
     base = _unit(base)
     args = SimpleNamespace(
-        work=str(tmp_path), rows_per_shard=250, noise=0.75, keep=True, nprobe=4, pool_cap=0
-    )
+        work=str(tmp_path), rows_per_shard=250, noise=0.75, keep=True, nprobe=4, pool_cap=0,
+        ivf_codec="sq4",
+    )  # fmt: skip
     runs = [million.run_size(args, texts[:n], origin[:n], base, real) for n in (300, 600)]
     for r in runs:
         assert set(r["steps"]) == {"mine", "sample"}
@@ -56,6 +57,7 @@ def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
             # The load averages (1, 5, 15 min) before and after, printed beside the time.
             assert [len(x.split()) for x in step["load"]] == [3, 3]
         assert r["mine"]["index"]["kind"] == "ivf" and r["mine"]["index"]["nprobe"] == 4
+        assert r["mine"]["index"]["codec"] == "sq4"  # --ivf-codec reached the stage
         assert r["mine"]["pool_size"]["max"] <= 64  # pool_cap 0: k only, no deepening
         assert 0 < r["mine"]["index"]["recall_at_k"] <= 1
         assert r["sample"]["anchors"] == r["n"]

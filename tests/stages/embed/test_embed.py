@@ -160,6 +160,36 @@ def test_embed_stage_aligns_vectors_with_ids(tiny_bert, mining_inputs, tmp_path)
     assert again["sentences"]["computed_rows"] == 0 and again["candidates"]["computed_rows"] == 0
 
 
+def test_a_candidate_with_another_sentences_text_reuses_that_vector(tiny_bert, tmp_path):
+    """Each text is encoded once across sentences and candidates: a candidate equal to its own
+    sentence, or to another sentence of the corpus, takes that sentence's stored vector."""
+    texts = make_texts(12, seed=5)
+    ids = [sentence_id(t) for t in texts]
+    write_sentences(tmp_path / "data/sentences", texts, rows_per_shard=6)
+    rows = candidate_rows(ids, texts, seed=1)[:16]
+    for r in rows:  # none equal to a sentence, unless set so below
+        r[S.TEXT] = f"{r[S.TEXT]} but"
+    rows[0][S.TEXT] = texts[0]  # its own sentence's text
+    rows[5][S.TEXT] = texts[9]  # another sentence's text (in the other shard)
+    rows[6][S.TEXT] = texts[9]
+    fresh = [r[S.TEXT] for i, r in enumerate(rows) if i not in (0, 5, 6)]
+    assert not set(fresh) & set(texts)
+    write_candidates(tmp_path / "data/candidates", rows, rows_per_shard=8)
+    metrics = run(_cfg(tmp_path, tiny_bert), progress=False)
+    assert metrics["candidates"]["reused_sentence_vectors"] == 3
+    svec = load_vectors(open_embeddings(tmp_path / "data/embeddings/sentences"), pa.array(ids))
+    cvec = load_vectors(
+        open_embeddings(tmp_path / "data/embeddings/candidates"),
+        pa.array([r[S.CANDIDATE_ID] for r in rows]),
+    )
+    np.testing.assert_array_equal(cvec[0], svec[0])
+    np.testing.assert_array_equal(cvec[5], svec[9])
+    np.testing.assert_array_equal(cvec[6], svec[9])
+    # The others were encoded: a text's vector, not a sentence's.
+    direct = load_text_encoder(str(tiny_bert), "mean", device="cpu", max_length=32)
+    np.testing.assert_allclose(cvec[1], direct.encode([rows[1][S.TEXT]])[0], atol=1e-5)
+
+
 def test_absent_candidates_give_an_empty_dataset_and_say_so(tiny_bert, tmp_path, caplog):
     write_sentences(tmp_path / "data/sentences", make_texts(30), rows_per_shard=30)
     metrics = run(_cfg(tmp_path, tiny_bert), progress=False)

@@ -111,8 +111,10 @@ def test_rescoring_from_positioned_reads_equals_the_mapped_one(monkeypatch, mapp
 
 def _empty_ivf(d: int, nlist: int, codec: str) -> faiss.Index:
     quantizer = faiss.IndexFlatIP(d)
-    if codec == "sq8":
-        qt = faiss.ScalarQuantizer.QT_8bit
+    if codec != "flat":
+        qt = getattr(
+            faiss.ScalarQuantizer, {"sq8": "QT_8bit", "sq6": "QT_6bit", "sq4": "QT_4bit"}[codec]
+        )
         index = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, qt, faiss.METRIC_INNER_PRODUCT)
     else:
         index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
@@ -124,12 +126,20 @@ def _empty_ivf(d: int, nlist: int, codec: str) -> faiss.Index:
 
 @pytest.mark.parametrize(
     ("n", "d", "codec"),
-    [(3000, 32, "sq8"), (130_011, 8, "sq8"), (3000, 32, "flat")],
-    ids=["all-rows", "faiss-subsamples-100k", "flat-codec"],
+    [
+        (3000, 32, "sq8"),
+        (130_011, 8, "sq8"),
+        (3000, 32, "sq6"),
+        (3000, 32, "sq4"),
+        (130_011, 8, "sq4"),
+        (3000, 32, "flat"),
+    ],
+    ids=["all-rows", "faiss-subsamples-100k", "6-bit", "4-bit", "4-bit-subsamples", "flat-codec"],
 )
 def test_training_in_less_memory_equals_faiss_train(n, d, codec):
     """``train_ivf``: the trained index serialises to the bytes of ``index.train`` (centroids,
-    the 8-bit quantizer's ranges), also past the 100,000 rows faiss trains the quantizer on."""
+    the 8-, 6- or 4-bit quantizer's ranges), also past the 100,000 rows faiss trains the quantizer
+    on."""
     x = unit_rows(np.random.default_rng(n).standard_normal((n, d)))
     want, got = _empty_ivf(d, 24, codec), _empty_ivf(d, 24, codec)
     want.train(x)
@@ -138,7 +148,7 @@ def test_training_in_less_memory_equals_faiss_train(n, d, codec):
     assert faiss.serialize_index(got).tobytes() == faiss.serialize_index(want).tobytes()
 
 
-@pytest.mark.parametrize("codec", ["sq8", "flat"])
+@pytest.mark.parametrize("codec", ["sq8", "sq4", "flat"])
 @pytest.mark.parametrize("block", [7, 1000, 65_536])
 def test_index_written_as_built_equals_faiss_write_index(
     monkeypatch, tmp_path, vectors, codec, block
