@@ -17,7 +17,8 @@ What is timed, per repeat, as wall time of whole processes and their peak RSS:
   into pairforge (the peer's process reads the same file and builds its ``Dataset``). There is
   no augmentation on either side: the perturbed copies of a sentence present in the corpus are
   declared as its candidates (a `candidates` dataset written before the repeats, untimed, in
-  place of `backtranslate`); pairforge embeds them too, samples its positives from them and
+  place of `backtranslate`); pairforge takes their vectors from the sentences' (a candidate
+  whose text is a sentence's is not encoded again), samples its positives from them and
   keeps them out of its sentence's negatives (``--no-candidates``: none, negatives only, the
   peer's job exactly). Time is the stages' sum, memory the largest stage's peak. The
   environment is pairforge's default (it sets ``OMP_WAIT_POLICY=PASSIVE``).
@@ -34,7 +35,8 @@ when it is larger), taken by a small launcher so the benchmark's own memory is n
 ``--repeats`` (3) of each system, interleaved, give a median and a range; the load averages
 are printed before and after every run. Every run is appended to the
 ``--out`` JSON as it finishes; above ``--peer-once-above`` sentences the peer runs once and a
-rerun with the same texts and settings reuses its stored figure. The corpus:
+rerun with the same texts, settings, package versions and CPU (model and vector instructions)
+reuses its stored figure. The corpus:
 ``mine_corpus.py``; the tables and ratios: ``mine_table.py``.
 
 ``--agreement`` (not timed) compares, for 2,000 seeded anchors, the band-filtered top-64 sets
