@@ -195,3 +195,20 @@ def test_peer_key_ignores_pairforge_only_settings(shared):
     assert mine.key_of(base, "peer", "torch", "defaults") != mine.key_of(
         mine.settings_of(args, 2, ["a b c", "d e g"]), "peer", "torch", "defaults"
     )
+
+
+def test_a_stored_peer_figure_from_another_cpu_is_not_reused(shared, monkeypatch):
+    """The encoder's speed depends on the CPU's vector instructions (int8 and float32 kernels
+    differ between AVX2 and AVX-512 machines): the peer's key names the CPU."""
+    import argparse
+
+    mine = load("mine", "mine_benchmark")
+    args = argparse.Namespace(batch_size=64, max_length=128, rows_per_shard=10_000,
+                              pool_cap=None, no_candidates=False)  # fmt: skip
+    here = mine.settings_of(args, 2, ["a b c", "d e f"])
+    assert here["cpu"] == mine.cpu_model() and here["cpu"]
+    monkeypatch.setattr(mine, "cpu_model", lambda: "AMD EPYC avx2 avx512f avx512_vnni")
+    there = mine.settings_of(args, 2, ["a b c", "d e f"])
+    assert mine.key_of(here, "peer", "torch", "defaults") != mine.key_of(
+        there, "peer", "torch", "defaults"
+    )
