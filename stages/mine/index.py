@@ -7,8 +7,8 @@ DebCSE's band filter and eq. 2 read. Three index kinds:
 - ``"ivf"``: ``IndexIVFFlat`` (or ``IndexIVFScalarQuantizer`` with ``ivf_codec="sq8"``: one byte
   per component, 4x less memory and about 2x faster scans on CPU, scores off by ~1e-3, which
   callers can rescore exactly; ``"sq6"`` and ``"sq4"``: 6 and 4 bits, 5.3x and 8x less memory,
-  coarser scores, so a neighbour near the k-th may be missed before the rescoring) with ``nlist`` k-means cells trained on a seeded sample; a query
-  scans ``nprobe`` cells. Default above ``flat_max`` because it also runs on GPU.
+  coarser scores, so a neighbour near the k-th may be missed before the rescoring) with
+  ``nlist`` k-means cells trained on a seeded sample; a query scans ``nprobe`` cells. Default above ``flat_max`` because it also runs on GPU.
 - ``"hnsw"``: ``IndexHNSWFlat`` graph (CPU only in faiss); no training, slower to build, high recall.
 
 Approximate kinds trade recall for speed: check it with :func:`measure_recall` on your data.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import faiss
 import numpy as np
@@ -49,7 +49,7 @@ __all__ = [
 
 IndexKind = Literal["auto", "flat", "ivf", "hnsw"]
 IvfCodec = Literal["flat", "sq8", "sq6", "sq4"]
-IVF_CODECS: tuple[str, ...] = ("flat", "sq8", "sq6", "sq4")
+IVF_CODECS: tuple[str, ...] = get_args(IvfCodec)
 # faiss's scalar quantizer of each codec: every one keeps a per-component [min, max] range.
 SQ_TYPES = {"sq8": "QT_8bit", "sq6": "QT_6bit", "sq4": "QT_4bit"}
 
@@ -152,8 +152,8 @@ def build_index(
     ``nprobe`` to ``max(8, nlist / 32)`` capped at ``nlist``, and k-means trains on a seeded sample of
     ``train_size`` rows (default ``64 * nlist``) for ``train_iterations`` k-means rounds (faiss's
     default 25; 10 loses little recall and costs 2.5x less), ``ivf_codec`` stores the vectors in
-    full (``flat``) or as 8-, 6- or 4-bit scalars (``sq8``, ``sq6``, ``sq4``). HNSW: ``hnsw_m`` links per node, ``ef_construction``
-    and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
+    full (``flat``) or as 8-, 6- or 4-bit scalars (``sq8``, ``sq6``, ``sq4``). HNSW: ``hnsw_m``
+    links per node, ``ef_construction`` and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
     :func:`gpu_available`; ``True`` demands it (RuntimeError otherwise; ValueError for HNSW, which
     faiss cannot run on GPU); ``False`` stays on CPU. The vectors are read and added ``BLOCK``
     rows at a time, ``release`` after each block (see the module docstring); ``take(rows)``,

@@ -105,10 +105,10 @@ def train_ivf(index: faiss.Index, x: np.ndarray) -> None:
     of at most ``train_encoder_num_vectors()`` (100,000) rows of ``x``: a seeded copy of those
     rows and their residuals, two more matrices the size of the sample (293 MiB at 1M
     sentences). These quantizers (range statistic min-max, faiss's default) keep only each
-    component's minimum and maximum residual,
-    so here the residuals are computed in chunks (each the same rows, assigned in the same
-    blocks of faiss's BLAS search as in one call) and faiss trains the quantizer on the two rows
-    (minima, maxima): the same trained values (tested). Other indexes call ``index.train``."""
+    component's minimum and maximum residual, so here the residuals are computed in chunks
+    (each the same rows, assigned in the same blocks of faiss's BLAS search as in one call) and
+    faiss trains the quantizer on the two rows (minima, maxima): the same trained values
+    (tested). Other indexes call ``index.train``."""
     ivf = faiss.extract_index_ivf(index)
     ranged = (faiss.ScalarQuantizer.QT_8bit, faiss.ScalarQuantizer.QT_6bit,
               faiss.ScalarQuantizer.QT_4bit)  # fmt: skip

@@ -112,9 +112,7 @@ def test_rescoring_from_positioned_reads_equals_the_mapped_one(monkeypatch, mapp
 def _empty_ivf(d: int, nlist: int, codec: str) -> faiss.Index:
     quantizer = faiss.IndexFlatIP(d)
     if codec != "flat":
-        qt = getattr(
-            faiss.ScalarQuantizer, {"sq8": "QT_8bit", "sq6": "QT_6bit", "sq4": "QT_4bit"}[codec]
-        )
+        qt = getattr(faiss.ScalarQuantizer, index_module.SQ_TYPES[codec])
         index = faiss.IndexIVFScalarQuantizer(quantizer, d, nlist, qt, faiss.METRIC_INNER_PRODUCT)
     else:
         index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
