@@ -240,8 +240,8 @@ STAGES: dict[str, StageDef] = {
             "compute_type",
             "vector_dtype",
         ),
-        # Device, batch size and threads change the vectors by float rounding only.
-        free=("batch_size", "models_dir", "device", "threads"),
+        # Device, batch size (and tokens) and threads change the vectors by float rounding only.
+        free=("batch_size", "batch_tokens", "models_dir", "device", "threads"),
     ),
     "mine": StageDef(
         code=(

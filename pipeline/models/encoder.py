@@ -10,8 +10,16 @@ Texts are encoded in batches over the texts sorted by length, so each batch pads
 longest text, not the corpus's (on sentence corpora that halves the tokens a forward pass
 computes). Which length (``order``) changes the batches, and with them the last bits of a vector:
 
-- ``tokens``: token count, shortest first (embed's vectors, hashed into the demo's datasets);
+- ``tokens``: token count, longest first (embed's vectors, hashed into the demo's datasets);
 - ``chars``: character count, longest first (the evaluator's and training's dev scores).
+
+Longest first because of the allocator: the first batch sizes its heap for the largest
+activations, and every later (smaller) batch fits in the blocks it freed. Shortest first, each
+batch asked for slightly larger blocks than any freed before, and the process grew to about
+100 MiB more by the end of a 10k-sentence shard (docs/mine.md). For the same reason ``tokens``
+keeps a shard's token ids as two flat arrays (ids and offsets) rather than the tokenizer's
+per-text encodings (about 5 times their size), and gives freed heap back to the system after
+each batch where the C library can (glibc's ``malloc_trim``).
 """
 
 from __future__ import annotations
@@ -44,7 +52,9 @@ class SentenceEncoder:
     train/eval mode is restored after each call. With a ``prompt`` each sentence is cut to
     ``sentence_tokens`` tokens (None: what ``max_length`` leaves after the prompt) and wrapped
     (``mask`` pooling); else inputs are truncated to ``max_length`` tokens (None: the tokenizer's
-    model maximum). ``autocast_dtype`` runs the forward pass under torch autocast (training's
+    model maximum). A batch holds ``batch_size`` texts, and with ``batch_tokens`` (``tokens``
+    order) at most that many padded tokens: the longest texts go in smaller batches, which
+    bounds a forward pass's activations. ``autocast_dtype`` runs the forward pass under torch autocast (training's
     mixed precision). ``label`` shows sentences, rate and ETA while encoding. ``source`` is what
     :meth:`info` reports besides the encoder's own settings (model spec, dtype, engine).
     """
@@ -59,6 +69,7 @@ class SentenceEncoder:
         max_length: int | None = None,
         sentence_tokens: int | None = None,
         batch_size: int = 64,
+        batch_tokens: int | None = None,
         normalize: bool = True,
         order: Order = "tokens",
         autocast_dtype: Any = None,
@@ -75,6 +86,9 @@ class SentenceEncoder:
         self.pooling = pooling
         self.prompt = prompt
         self.batch_size = batch_size
+        if batch_tokens is not None and batch_tokens < 1:
+            raise ConfigError(f"batch_tokens={batch_tokens}: at least 1, or None for no limit")
+        self.batch_tokens = batch_tokens
         self.normalize = normalize
         self.order = order
         self.autocast_dtype = autocast_dtype
@@ -145,16 +159,18 @@ class SentenceEncoder:
                 inputs = self._inputs([texts[i] for i in rows])
                 yield rows, dict(tok(inputs, padding=True, return_tensors="pt", **truncate))
             return
-        enc = tok(self._inputs(texts), **truncate)
-        lengths = np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int64)
-        order = np.argsort(lengths, kind="stable")
-        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            yield (
-                rows,
-                dict(tok.pad({k: [enc[k][i] for i in rows] for k in keys}, return_tensors="pt")),
-            )
+        ids = TokenIds.of(tok, self._inputs(texts), truncate)
+        # Longest first; among equal lengths, input order (a stable sort of the negated counts).
+        order = np.argsort(-ids.lengths, kind="stable")
+        start = 0
+        while start < len(order):
+            size = self.batch_size
+            if self.batch_tokens is not None:  # the batch's first text is its longest
+                size = max(1, min(size, self.batch_tokens // int(ids.lengths[order[start]])))
+            rows = order[start : start + size]
+            start += size
+            yield rows, ids.batch(rows, tok)
+            release_free_heap()
 
     def encode(
         self,
@@ -237,6 +253,105 @@ class SentenceEncoder:
         return pooled / norms
 
 
+_TOKENIZE_CHUNK = 4096  # texts per tokenizer call: bounds its transient encodings
+
+
+class TokenIds:
+    """A list of texts' token ids as flat arrays: ``flat[offsets[i]:offsets[i + 1]]`` are text
+    ``i``'s ids (int32), ``type_ids`` likewise where the model takes token types (else None).
+    Tokenised ``_TOKENIZE_CHUNK`` texts at a time and kept at 4-5 bytes a token, where the
+    tokenizer's encodings of a shard (tokens, offsets, masks as Python lists) take about 5 times
+    that for as long as the shard is encoded."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, type_ids: np.ndarray | None):
+        self.flat = flat
+        self.offsets = offsets
+        self.type_ids = type_ids
+        self.lengths = np.diff(offsets)
+
+    @classmethod
+    def of(cls, tokenizer: Any, texts: list[str], options: dict[str, Any]) -> TokenIds:
+        with_types = "token_type_ids" in tokenizer.model_input_names
+        ids: list[np.ndarray] = []
+        types: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        for start in range(0, len(texts), _TOKENIZE_CHUNK):
+            enc = tokenizer(
+                texts[start : start + _TOKENIZE_CHUNK],
+                return_attention_mask=False,
+                return_token_type_ids=with_types,
+                **options,
+            )
+            lengths.append(np.fromiter(map(len, enc["input_ids"]), np.int64))
+            count = int(lengths[-1].sum())
+            ids.append(np.fromiter(_chain(enc["input_ids"]), np.int32, count))
+            if with_types:
+                types.append(np.fromiter(_chain(enc["token_type_ids"]), np.int8, count))
+        offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
+        flat = np.concatenate(ids) if ids else np.empty(0, np.int32)
+        return cls(flat, offsets, np.concatenate(types) if with_types and types else None)
+
+    def batch(self, rows: np.ndarray, tokenizer: Any) -> dict[str, Any]:
+        """The padded torch batch of ``rows``, as ``tokenizer.pad`` makes it: ``input_ids``
+        padded with the pad token on the tokenizer's padding side, ``attention_mask``, and
+        ``token_type_ids`` (padded with the tokenizer's pad type id) where the model takes
+        them."""
+        import torch
+
+        if tokenizer.pad_token_id is None:
+            raise ConfigError(
+                f"tokenizer {tokenizer.name_or_path!r} has no padding token: batches of texts "
+                "of different lengths need one"
+            )
+        lengths = self.lengths[rows]
+        width = int(lengths.max())
+        input_ids = np.full((len(rows), width), tokenizer.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        types = (
+            np.full((len(rows), width), tokenizer.pad_token_type_id, dtype=np.int64)
+            if self.type_ids is not None
+            else None
+        )
+        left = tokenizer.padding_side == "left"
+        for j, (row, n) in enumerate(zip(rows, lengths, strict=True)):
+            span = slice(width - n, width) if left else slice(0, n)
+            lo, hi = self.offsets[row], self.offsets[row + 1]
+            input_ids[j, span] = self.flat[lo:hi]
+            mask[j, span] = 1
+            if types is not None:
+                types[j, span] = self.type_ids[lo:hi]
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        if types is not None:
+            batch["token_type_ids"] = torch.from_numpy(types)
+        return batch
+
+
+def _chain(lists: list[list[int]]):
+    for ids in lists:
+        yield from ids
+
+
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; a no-op
+    elsewhere). A batch's activations are freed to the heap, not to the system, and a process
+    that encodes batches of many shapes keeps the high-water mark of them all otherwise."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    import ctypes
+
+    try:  # the process's own symbols: the C library it runs on
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
 def load_text_encoder(
     model: str,
     pooling: str = "cls_before_pooler",
@@ -245,6 +360,7 @@ def load_text_encoder(
     dtype: str = "float32",
     max_length: int = 128,
     batch_size: int = 64,
+    batch_tokens: int | None = None,
     prompt: str = DEFAULT_PROMPT,
     threads: int = -1,
     engine: str = "transformers",
@@ -305,6 +421,7 @@ def load_text_encoder(
         prompt=prompt if pooling == "mask" else None,
         max_length=max_length,
         batch_size=batch_size,
+        batch_tokens=batch_tokens,
         normalize=True,
         order="tokens",
         device=device,

@@ -67,6 +67,13 @@ class EmbedConfig(StageConfig):
     prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling: [X] and [MASK]")
     max_length: int = Field(128, ge=4, description="tokens per text (prompt included)")
     batch_size: int = Field(64, ge=1, description="texts per forward pass")
+    batch_tokens: int | None = Field(
+        4096,
+        ge=1,
+        description="most padded tokens per forward pass: batches go longest text first, and "
+        "long texts go fewer than batch_size at a time (bounds the activations' memory; "
+        "null: batch_size texts whatever their length)",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="compute dtype (bf16/fp16 pay off on a GPU)"
     )
@@ -179,18 +186,20 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
 def batch_dependent(cfg: EmbedConfig) -> bool:
     """Whether a text's vector depends on the batch it is encoded in beyond float rounding:
     onnxruntime's int8 quantises activations with one scale per batch tensor (docs/mine.md), so
-    its batch size (and the texts' order, fixed by the input) is part of the fingerprint."""
+    its batch size and token budget (and the texts' order, fixed by the input) are part of the
+    fingerprint."""
     return cfg.engine == "onnxruntime" and cfg.compute_type != "float32"
 
 
 def _params(cfg: EmbedConfig) -> dict[str, Any]:
-    # Device, batch size and threads change results only by float rounding: a run may resume
-    # elsewhere (but see batch_dependent). compute_type matters only to the ctranslate2 and
-    # onnxruntime engines.
+    # Device, batch size (and tokens) and threads change results only by float rounding: a run
+    # may resume elsewhere (but see batch_dependent). compute_type matters only to the
+    # ctranslate2 and onnxruntime engines.
     return cfg.model_dump(
         exclude={
             "device",
             "batch_size",
+            "batch_tokens",
             "threads",
             "output",
             "candidates_output",
@@ -221,6 +230,7 @@ class _LazyEncoder:
                 dtype=cfg.dtype,
                 max_length=cfg.max_length,
                 batch_size=cfg.batch_size,
+                batch_tokens=cfg.batch_tokens,
                 prompt=cfg.prompt,
                 threads=cfg.threads,
                 engine=cfg.engine,
@@ -388,7 +398,9 @@ def _embed_dataset(
         section["compute_type"] = None  # the transformers engine computes in dtype
     extra: dict[str, Any] = {"dataset": name, "status": status}
     if batch_dependent(cfg):
-        extra["batch_size"] = cfg.batch_size  # a resumed run must not mix two batchings
+        # A resumed run must not mix two batchings.
+        extra["batch_size"] = cfg.batch_size
+        extra["batch_tokens"] = cfg.batch_tokens
     fp = fingerprint(STAGE, section, {"input": source, "also": also}, extra)
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0

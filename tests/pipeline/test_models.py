@@ -22,6 +22,7 @@ from pairforge.pipeline.models import (
     load_text_encoder,
     mlm_head_of,
 )
+from pairforge.pipeline.models.encoder import TokenIds
 
 WORDS = ["the", "river", "bank", "is", "quiet", "an", "old", "boat", "on", "a", "long", "day", "."]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", '"', "means"]
@@ -198,6 +199,55 @@ def test_evaluator_encoder_gives_the_previous_numbers(tiny, pooling, prompt, nor
     assert np.allclose(norms, 1.0, atol=1e-6) == normalize
     expected = EXPECTED[f"evaluate/{pooling}"]
     np.testing.assert_allclose(summary(vectors), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("types", [True, False])
+def test_token_ids_pad_as_the_tokenizer_does(tiny, side, types):
+    """Embed keeps a shard's token ids as flat arrays and pads each batch itself: the batch is
+    the tokenizer's own padding of those texts, on either side, with or without token types
+    (RoBERTa-style tokenizers take none)."""
+    tokenizer, _ = load_encoder(str(tiny))
+    tokenizer.padding_side = side
+    if not types:
+        tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    options = {"truncation": True, "max_length": 9}
+    ids = TokenIds.of(tokenizer, TEXTS, options)
+    assert ids.flat.dtype == np.int32 and len(ids.lengths) == len(TEXTS)
+    assert (ids.type_ids is not None) == types
+    rows = np.array([4, 0, 3])  # truncated, middling, short: padding on every row but one
+    got = ids.batch(rows, tokenizer)
+    want = tokenizer([TEXTS[i] for i in rows], padding=True, return_tensors="pt", **options)
+    assert sorted(got) == sorted(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert got["input_ids"].shape == (3, 9)
+
+
+def test_batch_tokens_bounds_each_batch_and_keeps_the_vectors(tiny):
+    """``batch_tokens`` caps a batch's padded tokens (longest texts first, so a batch's first
+    text sets its width); every text is encoded once, and the vectors are the unbudgeted
+    encoder's up to float rounding."""
+    plain = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=4, max_length=12)
+    capped = load_text_encoder(
+        str(tiny), "mean", device="cpu", batch_size=4, max_length=12, batch_tokens=20
+    )
+    shapes, seen, widths = [], [], []
+    for rows, batch in capped._batches(list(TEXTS)):
+        shapes.append(tuple(batch["input_ids"].shape))
+        seen.extend(rows.tolist())
+        widths.append(int(batch["attention_mask"].sum(1).max()))
+    assert sorted(seen) == list(range(len(TEXTS)))
+    assert widths == sorted(widths, reverse=True)  # longest first
+    assert all(b * w <= 20 or b == 1 for b, w in shapes)
+    assert len(shapes) > len(range(0, len(TEXTS), 4))  # the cap split the long batches
+    assert [b for b, _ in shapes][-1] <= 4
+    np.testing.assert_allclose(capped.encode(TEXTS), plain.encode(TEXTS), rtol=0, atol=1e-6)
+    # One text longer than the budget still goes, alone.
+    alone = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=4, batch_tokens=2)
+    assert [len(rows) for rows, _ in alone._batches(list(TEXTS))] == [1] * len(TEXTS)
+    with pytest.raises(ConfigError, match="batch_tokens=0"):
+        load_text_encoder(str(tiny), "mean", device="cpu", batch_tokens=0)
 
 
 def test_sentence_encoder_reads_the_folder(tiny):
