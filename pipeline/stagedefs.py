@@ -241,7 +241,7 @@ STAGES: dict[str, StageDef] = {
             "vector_dtype",
         ),
         # Device, batch size (and tokens) and threads change the vectors by float rounding only.
-        free=("batch_size", "batch_tokens", "models_dir", "device", "threads"),
+        free=("batch_size", "max_batch_tokens", "models_dir", "device", "threads"),
     ),
     "mine": StageDef(
         code=(

@@ -52,10 +52,10 @@ class SentenceEncoder:
     train/eval mode is restored after each call. With a ``prompt`` each sentence is cut to
     ``sentence_tokens`` tokens (None: what ``max_length`` leaves after the prompt) and wrapped
     (``mask`` pooling); else inputs are truncated to ``max_length`` tokens (None: the tokenizer's
-    model maximum). A batch holds ``batch_size`` texts, and with ``batch_tokens`` (``tokens``
-    order) at most that many padded tokens: the longest texts go in smaller batches, which
-    bounds a forward pass's activations. ``autocast_dtype`` runs the forward pass under torch autocast (training's
-    mixed precision). ``label`` shows sentences, rate and ETA while encoding. ``source`` is what
+    model maximum). A batch holds ``batch_size`` texts, and with ``max_batch_tokens``
+    (``tokens`` order) at most that many padded tokens: the longest texts go in smaller
+    batches, which bounds a forward pass's activations. ``autocast_dtype`` runs the forward
+    pass under torch autocast (training's mixed precision). ``label`` shows sentences, rate and ETA while encoding. ``source`` is what
     :meth:`info` reports besides the encoder's own settings (model spec, dtype, engine).
     """
 
@@ -69,7 +69,7 @@ class SentenceEncoder:
         max_length: int | None = None,
         sentence_tokens: int | None = None,
         batch_size: int = 64,
-        batch_tokens: int | None = None,
+        max_batch_tokens: int | None = None,
         normalize: bool = True,
         order: Order = "tokens",
         autocast_dtype: Any = None,
@@ -86,9 +86,11 @@ class SentenceEncoder:
         self.pooling = pooling
         self.prompt = prompt
         self.batch_size = batch_size
-        if batch_tokens is not None and batch_tokens < 1:
-            raise ConfigError(f"batch_tokens={batch_tokens}: at least 1, or None for no limit")
-        self.batch_tokens = batch_tokens
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ConfigError(
+                f"max_batch_tokens={max_batch_tokens}: at least 1, or None for no limit"
+            )
+        self.max_batch_tokens = max_batch_tokens
         self.normalize = normalize
         self.order = order
         self.autocast_dtype = autocast_dtype
@@ -165,8 +167,8 @@ class SentenceEncoder:
         start = 0
         while start < len(order):
             size = self.batch_size
-            if self.batch_tokens is not None:  # the batch's first text is its longest
-                size = max(1, min(size, self.batch_tokens // int(ids.lengths[order[start]])))
+            if self.max_batch_tokens is not None:  # the batch's first text is its longest
+                size = max(1, min(size, self.max_batch_tokens // int(ids.lengths[order[start]])))
             rows = order[start : start + size]
             start += size
             yield rows, ids.batch(rows, tok)
@@ -360,7 +362,7 @@ def load_text_encoder(
     dtype: str = "float32",
     max_length: int = 128,
     batch_size: int = 64,
-    batch_tokens: int | None = None,
+    max_batch_tokens: int | None = None,
     prompt: str = DEFAULT_PROMPT,
     threads: int = -1,
     engine: str = "transformers",
@@ -421,7 +423,7 @@ def load_text_encoder(
         prompt=prompt if pooling == "mask" else None,
         max_length=max_length,
         batch_size=batch_size,
-        batch_tokens=batch_tokens,
+        max_batch_tokens=max_batch_tokens,
         normalize=True,
         order="tokens",
         device=device,

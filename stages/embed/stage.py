@@ -67,7 +67,7 @@ class EmbedConfig(StageConfig):
     prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling: [X] and [MASK]")
     max_length: int = Field(128, ge=4, description="tokens per text (prompt included)")
     batch_size: int = Field(64, ge=1, description="texts per forward pass")
-    batch_tokens: int | None = Field(
+    max_batch_tokens: int | None = Field(
         4096,
         ge=1,
         description="most padded tokens per forward pass: batches go longest text first, and "
@@ -199,7 +199,7 @@ def _params(cfg: EmbedConfig) -> dict[str, Any]:
         exclude={
             "device",
             "batch_size",
-            "batch_tokens",
+            "max_batch_tokens",
             "threads",
             "output",
             "candidates_output",
@@ -230,7 +230,7 @@ class _LazyEncoder:
                 dtype=cfg.dtype,
                 max_length=cfg.max_length,
                 batch_size=cfg.batch_size,
-                batch_tokens=cfg.batch_tokens,
+                max_batch_tokens=cfg.max_batch_tokens,
                 prompt=cfg.prompt,
                 threads=cfg.threads,
                 engine=cfg.engine,
@@ -400,7 +400,7 @@ def _embed_dataset(
     if batch_dependent(cfg):
         # A resumed run must not mix two batchings.
         extra["batch_size"] = cfg.batch_size
-        extra["batch_tokens"] = cfg.batch_tokens
+        extra["max_batch_tokens"] = cfg.max_batch_tokens
     fp = fingerprint(STAGE, section, {"input": source, "also": also}, extra)
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0

@@ -225,12 +225,12 @@ def test_token_ids_pad_as_the_tokenizer_does(tiny, side, types):
 
 
 def test_batch_tokens_bounds_each_batch_and_keeps_the_vectors(tiny):
-    """``batch_tokens`` caps a batch's padded tokens (longest texts first, so a batch's first
+    """``max_batch_tokens`` caps a batch's padded tokens (longest texts first, so a batch's first
     text sets its width); every text is encoded once, and the vectors are the unbudgeted
     encoder's up to float rounding."""
     plain = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=4, max_length=12)
     capped = load_text_encoder(
-        str(tiny), "mean", device="cpu", batch_size=4, max_length=12, batch_tokens=20
+        str(tiny), "mean", device="cpu", batch_size=4, max_length=12, max_batch_tokens=20
     )
     shapes, seen, widths = [], [], []
     for rows, batch in capped._batches(list(TEXTS)):
@@ -244,10 +244,10 @@ def test_batch_tokens_bounds_each_batch_and_keeps_the_vectors(tiny):
     assert [b for b, _ in shapes][-1] <= 4
     np.testing.assert_allclose(capped.encode(TEXTS), plain.encode(TEXTS), rtol=0, atol=1e-6)
     # One text longer than the budget still goes, alone.
-    alone = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=4, batch_tokens=2)
+    alone = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=4, max_batch_tokens=2)
     assert [len(rows) for rows, _ in alone._batches(list(TEXTS))] == [1] * len(TEXTS)
-    with pytest.raises(ConfigError, match="batch_tokens=0"):
-        load_text_encoder(str(tiny), "mean", device="cpu", batch_tokens=0)
+    with pytest.raises(ConfigError, match="max_batch_tokens=0"):
+        load_text_encoder(str(tiny), "mean", device="cpu", max_batch_tokens=0)
 
 
 def test_sentence_encoder_reads_the_folder(tiny):

@@ -66,7 +66,7 @@ def test_embed_command_with_the_onnxruntime_engine(tiny_bert, mining_inputs, tmp
     by8 = load_vectors(open_embeddings(root / "data/embeddings/sentences"), ids)
     assert np.abs(by8 - got).max() > 1e-4  # so reusing the batch-16 vectors would mix two
     # So does another token budget (it may split the batches).
-    budget = run_cli([*args, "--batch-size", "8", "--batch-tokens", "100"], cwd=root)
+    budget = run_cli([*args, "--batch-size", "8", "--max-batch-tokens", "100"], cwd=root)
     assert budget.returncode == 0, budget.stderr
     assert read_json(root / "metrics/embed.json")["sentences"]["computed_shards"] == 6
 
