@@ -5,9 +5,11 @@
         [--sts-max-pairs N] [--no-sts] [--no-speed] [--engines NAME ...]
 
 Engines (``--engines``, default all; transformers float32, the reference, always runs):
-``ctranslate2-int8``, ``ctranslate2-float32``, ``onnxruntime-int8`` (the engine's int8: FFN output
-projections in float32), ``onnxruntime-int8-all`` (every weight MatMul int8),
-``onnxruntime-int8-ffn`` (both FFN projections in float32), ``onnxruntime-float32``.
+``ctranslate2-int8``, ``ctranslate2-float32``, ``onnxruntime-int8`` (the engine's int8: smoothed,
+uint8 weights, FFN output projections in float32), ``onnxruntime-int8-all`` (every weight MatMul
+int8), ``onnxruntime-int8-ffn`` (both FFN projections in float32), ``onnxruntime-int8-plain`` and
+``onnxruntime-int8-plain-all`` (the engine's int8 before 2026-11-26: no smoothing, int8
+weights), ``onnxruntime-float32``.
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
 ``pipeline/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
@@ -43,6 +45,7 @@ ENGINES = {
     "transformers float32": {"engine": "transformers"},
     "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
     "ctranslate2 float32": {"engine": "ctranslate2", "compute_type": "float32"},
+    # The engine's int8: smoothed (alpha 0.8), uint8 weights, FFN output projections float32.
     "onnxruntime int8": {"engine": "onnxruntime", "compute_type": "int8"},
     "onnxruntime int8 all": {
         "engine": "onnxruntime",
@@ -53,6 +56,20 @@ ENGINES = {
         "engine": "onnxruntime",
         "compute_type": "int8",
         "float32_layers": "ffn",
+    },
+    # The engine's int8 before 2026-11-26: no smoothing, int8 weights.
+    "onnxruntime int8 plain": {
+        "engine": "onnxruntime",
+        "compute_type": "int8",
+        "weights": "int8",
+        "smooth": None,
+    },
+    "onnxruntime int8 plain all": {
+        "engine": "onnxruntime",
+        "compute_type": "int8",
+        "float32_layers": "none",
+        "weights": "int8",
+        "smooth": None,
     },
     "onnxruntime float32": {"engine": "onnxruntime", "compute_type": "float32"},
 }
@@ -67,17 +84,18 @@ def _load() -> str:
 
 
 def _encoder(name: str, args: argparse.Namespace):
-    """The encoder ``load_text_encoder`` builds for an engine; an onnxruntime int8 variant that
-    keeps other layers in float32 than the engine does gets that quantisation as its model."""
+    """The encoder ``load_text_encoder`` builds for an engine; an onnxruntime int8 variant made
+    another way than the engine's (other float32 layers, weights or smoothing) gets that
+    quantisation as its model."""
     kw = dict(ENGINES[name])
-    layers = kw.pop("float32_layers", None)
+    recipe = {k: kw.pop(k) for k in ("float32_layers", "weights", "smooth") if k in kw}
     common = {"device": "cpu", "max_length": args.max_length, "threads": args.threads}
     enc = load_text_encoder(args.model, args.pooling, models_dir=args.models_dir, **common, **kw)
-    if layers is not None:
+    if recipe:
         from pairforge.pipeline.models.ort import load_onnxruntime
 
         _, enc.model, _ = load_onnxruntime(
-            args.model, "cpu", "int8", args.models_dir, args.threads, float32_layers=layers
+            args.model, "cpu", "int8", args.models_dir, args.threads, **recipe
         )
     return enc
 

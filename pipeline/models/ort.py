@@ -9,11 +9,27 @@ on both. It runs on CPU (the ``onnxruntime`` package has no GPU provider) and ha
 mode: dropout views need torch. Measured against the torch engine in docs/mine.md
 (benchmarks/embed_int8.py).
 
-Which MatMuls int8 leaves in float32 (``float32_layers``): ``ffn_output`` (the default) the FFN
-output projections, the down-projections from the intermediate size to the hidden size, where
-GELU's outliers make a per-tensor activation scale coarse; ``ffn`` both FFN projections; ``none``
-quantises every weight MatMul. Found by weight shape, so the rule holds for every architecture
-exported here; docs/mine.md measures the three.
+How int8 is made (each choice is part of the cached model's name and record; docs/mine.md
+measures them on MiniLM):
+
+- ``smooth`` (SmoothQuant, Xiao et al. 2023; default alpha 0.8): a BERT's hidden states carry a
+  few channels tens of times larger than the rest, which a per-tensor activation scale turns
+  into coarse steps for every other channel. Each weight MatMul's input channel ``j`` is
+  divided by ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` (a ``Mul`` inserted before the
+  MatMuls that read that input) and the weight's row ``j`` multiplied by it: the float32
+  function is unchanged, and the activation range moves into the weights, which are
+  quantised per channel. ``max|X_j|`` is measured by running the float32 export over
+  ``calibration.txt`` (256 sentences of the project's own CC0 demo corpus, beside this file).
+- ``weights`` ``uint8`` (default) or ``int8``: with int8 weights, ONNX Runtime's x86 kernels
+  without VNNI multiply uint8 activations by int8 weights with ``vpmaddubsw``, whose 16-bit
+  pair sums saturate (up to 255 * 127 * 2); smoothing enlarges the weights and makes it worse.
+  uint8 weights take a kernel without saturation, on every CPU, so a model gives the same
+  vectors on any x86 CPU.
+- ``float32_layers``: which weight MatMuls stay float32. ``ffn_output`` (the default) the FFN
+  output projections, the down-projections from the intermediate size to the hidden size,
+  whose GELU inputs have outliers no smoothing factor folds away; ``ffn`` both FFN
+  projections; ``none`` quantises every weight MatMul. Found by weight shape, so the rule holds
+  for every architecture exported here.
 """
 
 from __future__ import annotations
@@ -23,7 +39,7 @@ import logging
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pairforge.pipeline.errors import ConfigError
@@ -32,7 +48,12 @@ log = logging.getLogger("pairforge")
 
 COMPUTE_TYPES: tuple[str, ...] = ("int8", "float32")
 Float32Layers = Literal["none", "ffn_output", "ffn"]
-FLOAT32_LAYERS: tuple[str, ...] = ("none", "ffn_output", "ffn")
+FLOAT32_LAYERS: tuple[str, ...] = get_args(Float32Layers)
+Int8Weights = Literal["uint8", "int8"]
+INT8_WEIGHTS: tuple[str, ...] = get_args(Int8Weights)
+SMOOTH_ALPHA = 0.8  # measured best of 0.5-0.9 on MiniLM (docs/mine.md)
+CALIBRATION = Path(__file__).with_name("calibration.txt")
+CALIBRATION_BATCH = 32
 # The encoders whose transformers classes export with token states and an optional pooler, and
 # whose inputs are the tokenizer's (input_ids, attention_mask[, token_type_ids]).
 MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta", "xlm-roberta", "electra")
@@ -86,11 +107,14 @@ def load_onnxruntime(
     models_dir: str,
     threads: int,
     float32_layers: Float32Layers = "ffn_output",
+    weights: Int8Weights = "uint8",
+    smooth: float | None = SMOOTH_ALPHA,
 ) -> tuple[Any, ORTModel, int]:
     """(tokenizer, :class:`ORTModel`, dim) of a model spec, exported (and quantised) on first
     use and loaded from ``models_dir`` after. ``threads`` > 0 sets ONNX Runtime's intra-op
-    threads (else its default, one per core). A ConfigError names the spec when the model
-    cannot be found or exported, or the settings do not apply."""
+    threads (else its default, one per core). ``float32_layers``, ``weights`` and ``smooth``
+    (an alpha, or None) say how int8 is made (the module's docstring). A ConfigError names the
+    spec when the model cannot be found or exported, or the settings do not apply."""
     import onnxruntime as ort
     from pairforge.pipeline.modelfiles import resolve_translation_model
     from transformers import AutoConfig, AutoTokenizer
@@ -102,6 +126,10 @@ def load_onnxruntime(
         )
     if float32_layers not in FLOAT32_LAYERS:
         raise ConfigError(f"float32_layers {float32_layers!r}: allowed {', '.join(FLOAT32_LAYERS)}")
+    if weights not in INT8_WEIGHTS:
+        raise ConfigError(f"weights {weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
+    if smooth is not None and not 0.0 <= smooth <= 1.0:
+        raise ConfigError(f"smooth {smooth!r}: an alpha in [0, 1], or None")
     if device != "cpu":
         raise ConfigError(
             f"device {device!r}: the onnxruntime engine runs on cpu (set device: cpu, or use "
@@ -116,7 +144,7 @@ def load_onnxruntime(
             "transformers"
         )
     tokenizer = AutoTokenizer.from_pretrained(ref.path)
-    folder, _ = convert_onnx(ref, compute_type, models_dir, float32_layers)
+    folder, _ = convert_onnx(ref, compute_type, models_dir, float32_layers, weights, smooth)
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(threads, 0)  # 0: ONNX Runtime's default
     options.inter_op_num_threads = 1
@@ -131,18 +159,24 @@ def load_onnxruntime(
 
 
 def convert_onnx(
-    ref: Any, compute_type: str, models_dir: str, float32_layers: Float32Layers = "ffn_output"
+    ref: Any,
+    compute_type: str,
+    models_dir: str,
+    float32_layers: Float32Layers = "ffn_output",
+    weights: Int8Weights = "uint8",
+    smooth: float | None = SMOOTH_ALPHA,
 ) -> tuple[Path, bool]:
     """The ONNX model of ``ref`` (a ``modelfiles.ModelRef``) at ``compute_type``:
     ``(folder, made now)``.
 
-    Made once per (model, revision, compute type, float32 layers) and reused by every later run;
+    Made once per (model, revision, compute type, int8 recipe) and reused by every later run;
     int8 is quantised from the float32 export, itself made once. A lock keeps concurrent workers
     from making it twice, and the folder appears only when complete.
     """
     from pairforge.pipeline.modelfiles import made_once
 
-    name = "onnx-float32" if compute_type == "float32" else f"onnx-int8-{float32_layers}"
+    recipe = f"{float32_layers}-{weights}" + (f"-smooth{smooth:g}" if smooth is not None else "")
+    name = "onnx-float32" if compute_type == "float32" else f"onnx-int8-{recipe}"
     source = None
     if compute_type == "int8":
         source, _ = convert_onnx(ref, "float32", models_dir)  # outside this folder's lock
@@ -153,13 +187,19 @@ def convert_onnx(
             log.info("exporting %s to ONNX (float32), once, into %s", ref.spec, models_dir)
             _export(ref, tmp / MODEL_FILE)
         else:
-            log.info("quantising %s's ONNX export to int8 (%s in float32), once, into %s",
-                     ref.spec, float32_layers, models_dir)  # fmt: skip
-            _quantize(source / MODEL_FILE, tmp / MODEL_FILE, float32_layers)
+            log.info("quantising %s's ONNX export to int8 (%s), once, into %s",
+                     ref.spec, recipe, models_dir)  # fmt: skip
+            _quantize(ref, source / MODEL_FILE, tmp / MODEL_FILE, float32_layers, weights, smooth)
 
-    record = {"spec": ref.spec, "revision": ref.revision, "compute_type": compute_type}
+    record: dict[str, Any] = {
+        "spec": ref.spec,
+        "revision": ref.revision,
+        "compute_type": compute_type,
+    }
     if source is not None:
-        record["float32_layers"] = float32_layers
+        record.update(float32_layers=float32_layers, weights=weights, smooth=smooth)
+        if smooth is not None:
+            record["calibration"] = _calibration_digest()
     what = "ONNX export" if source is None else "ONNX quantisation"
     return made_once(ref, name, models_dir, MODEL_FILE, build, what, record)
 
@@ -246,23 +286,139 @@ def float32_matmuls(path: Path, float32_layers: Float32Layers) -> list[str]:
     return names
 
 
-def _quantize(source: Path, path: Path, float32_layers: Float32Layers) -> None:
-    """``quantize_dynamic`` of the float32 model at ``source`` into ``path``: int8 weights per
-    output channel, the weight MatMuls only (embeddings and activation-by-activation products
-    stay float32), ``float32_layers`` excluded."""
+def _quantize(
+    ref: Any,
+    source: Path,
+    path: Path,
+    float32_layers: Float32Layers,
+    weights: Int8Weights,
+    smooth: float | None,
+) -> None:
+    """``quantize_dynamic`` of the float32 model at ``source`` (smoothed first when ``smooth``)
+    into ``path``: ``weights`` per output channel, the weight MatMuls only (embeddings and
+    activation-by-activation products stay float32), ``float32_layers`` excluded."""
+    import tempfile
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     excluded = float32_matmuls(source, float32_layers)
-    with warnings.catch_warnings(), _quiet_root_logger():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(
-            str(source),
-            str(path),
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            op_types_to_quantize=["MatMul"],
-            nodes_to_exclude=excluded,
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        if smooth is not None:
+            from transformers import AutoTokenizer
+
+            smoothed = Path(scratch) / MODEL_FILE
+            smooth_weights(source, smoothed, smooth, AutoTokenizer.from_pretrained(ref.path))
+            source = smoothed
+        with warnings.catch_warnings(), _quiet_root_logger():
+            warnings.simplefilter("ignore")
+            quantize_dynamic(
+                str(source),
+                str(path),
+                weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                per_channel=True,
+                op_types_to_quantize=["MatMul"],
+                nodes_to_exclude=excluded,
+            )
+
+
+def calibration_texts() -> list[str]:
+    """The sentences smoothing measures activations on (``calibration.txt``)."""
+    return [t for t in CALIBRATION.read_text(encoding="utf-8").splitlines() if t.strip()]
+
+
+def _calibration_digest() -> str:
+    import hashlib
+
+    return hashlib.sha256(CALIBRATION.read_bytes()).hexdigest()[:16]
+
+
+def weight_matmuls(graph: Any) -> dict[str, list[Any]]:
+    """The MatMul nodes with a 2-d initializer weight, grouped by the activation they read (a
+    BERT's query, key and value projections read one)."""
+    shapes = {t.name: len(t.dims) for t in graph.initializer}
+    groups: dict[str, list[Any]] = {}
+    for node in graph.node:
+        if node.op_type == "MatMul" and shapes.get(node.input[1]) == 2:
+            groups.setdefault(node.input[0], []).append(node)
+    return groups
+
+
+def activation_ranges(model: Any, names: list[str], tokenizer: Any, texts: list[str]) -> dict:
+    """``max |x|`` per channel (last axis) of each tensor in ``names``, over every token
+    (padding included, as the run-time quantiser sees them) of ``texts`` run through the ONNX
+    ``model`` (a ModelProto, not modified) in batches of ``CALIBRATION_BATCH``."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for name in names:
+        probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(
+        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    inputs = {i.name for i in session.get_inputs()}
+    ranges: dict[str, np.ndarray] = {}
+    for start in range(0, len(texts), CALIBRATION_BATCH):
+        batch = tokenizer(
+            texts[start : start + CALIBRATION_BATCH],
+            padding=True,
+            truncation=True,
+            max_length=128,
+            return_tensors="np",
         )
+        feed = {k: np.asarray(v, dtype=np.int64) for k, v in batch.items() if k in inputs}
+        if "token_type_ids" in inputs and "token_type_ids" not in feed:
+            feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+        for name, x in zip(names, session.run(names, feed), strict=True):
+            top = np.abs(x.reshape(-1, x.shape[-1])).max(0)  # (channels,)
+            ranges[name] = np.maximum(ranges[name], top) if name in ranges else top
+    return ranges
+
+
+def smooth_weights(source: Path, path: Path, alpha: float, tokenizer: Any) -> None:
+    """SmoothQuant of the float32 ONNX model at ``source`` into ``path``: each weight MatMul's
+    input channel ``j`` divided by ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` (the weight
+    maximum over every MatMul reading that input), by a ``Mul`` inserted before them, and
+    each weight's row ``j`` multiplied by ``s_j``. The float32 function is unchanged (up to
+    rounding); the activations' channel outliers move into the per-channel-quantised
+    weights. Activation maxima come from ``calibration_texts``."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    groups = weight_matmuls(graph)
+    xmax = activation_ranges(model, list(groups), tokenizer, calibration_texts())
+    initializers = {t.name: t for t in graph.initializer}
+    muls: dict[str, Any] = {}  # a smoothed tensor's name -> the Mul that makes it
+    for i, (name, nodes) in enumerate(groups.items()):
+        mats = [numpy_helper.to_array(initializers[n.input[1]]) for n in nodes]  # (in, out)
+        wmax = np.max([np.abs(w).max(1) for w in mats], axis=0)  # (in,)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.power(xmax[name], alpha) / np.power(wmax, 1.0 - alpha)
+        # A channel that never fires, or whose weights are all zero, is left as it is.
+        scale = np.where(np.isfinite(scale) & (scale > 0), scale, 1.0).astype(np.float32)
+        inverse = numpy_helper.from_array((1.0 / scale).astype(np.float32), f"smooth_inv_{i}")
+        graph.initializer.append(inverse)
+        smoothed = f"{name}_smoothed"
+        muls[smoothed] = helper.make_node(
+            "Mul", [name, inverse.name], [smoothed], name=f"smooth_mul_{i}"
+        )
+        for node, w in zip(nodes, mats, strict=True):
+            node.input[0] = smoothed
+            weight = numpy_helper.from_array((w * scale[:, None]).astype(np.float32), node.input[1])
+            initializers[node.input[1]].CopyFrom(weight)
+    ordered = []
+    for node in graph.node:  # topological: a Mul goes just before the first node reading it
+        ordered.extend(muls.pop(x) for x in node.input if x in muls)
+        ordered.append(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    onnx.save(model, str(path))
 
 
 @contextlib.contextmanager
