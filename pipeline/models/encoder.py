@@ -1,10 +1,11 @@
 """One sentence encoder for every stage: texts in, float32 vectors out, in input order.
 
 :class:`SentenceEncoder` wraps a loaded model (a transformers encoder, CTranslate2's through
-``ct2.CT2Model`` or ONNX Runtime's through ``ort.ORTModel``), its tokenizer and a pooling (``pooling.pool``). Embed and report build it with
-:func:`load_text_encoder` (the ``embed`` params: model spec, engine, dtype, unit vectors); the
-evaluator with ``describe.load_sentence_encoder`` (pooling read from the model folder); training's
-dev evaluation wraps the model it is training.
+``ct2.CT2Model`` or ONNX Runtime's through ``ort.ORTModel``), its tokenizer and a pooling
+(``pooling.pool``). Embed and report build it with :func:`load_text_encoder` (the ``embed``
+params: model spec, engine, dtype, unit vectors); the evaluator with
+``describe.load_sentence_encoder`` (pooling read from the model folder); training's dev
+evaluation wraps the model it is training.
 
 Texts are encoded in batches over the texts sorted by length, so each batch pads to its own
 longest text, not the corpus's (on sentence corpora that halves the tokens a forward pass
@@ -55,8 +56,9 @@ class SentenceEncoder:
     model maximum). A batch holds ``batch_size`` texts, and with ``max_batch_tokens``
     (``tokens`` order) at most that many padded tokens: the longest texts go in smaller
     batches, which bounds a forward pass's activations. ``autocast_dtype`` runs the forward
-    pass under torch autocast (training's mixed precision). ``label`` shows sentences, rate and ETA while encoding. ``source`` is what
-    :meth:`info` reports besides the encoder's own settings (model spec, dtype, engine).
+    pass under torch autocast (training's mixed precision). ``label`` shows sentences, rate and
+    ETA while encoding. ``source`` is what :meth:`info` reports besides the encoder's own
+    settings (model spec, dtype, engine).
     """
 
     def __init__(
