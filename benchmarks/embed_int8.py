@@ -5,11 +5,15 @@
         [--sts-max-pairs N] [--no-sts] [--no-speed] [--engines NAME ...]
 
 Engines (``--engines``, default all; transformers float32, the reference, always runs):
-``ctranslate2-int8``, ``ctranslate2-float32``, ``onnxruntime-int8`` (the engine's int8: smoothed,
-uint8 weights, FFN output projections in float32), ``onnxruntime-int8-all`` (every weight MatMul
-int8), ``onnxruntime-int8-ffn`` (both FFN projections in float32), ``onnxruntime-int8-plain`` and
-``onnxruntime-int8-plain-all`` (the engine's int8 before 2026-11-26: no smoothing, int8
-weights), ``onnxruntime-float32``.
+``ctranslate2-int8``, ``ctranslate2-float32``, ``onnxruntime-int8`` (the engine's int8 on this
+CPU: smoothed, FFN output projections in float32, int8 weights where the CPU has VNNI and uint8
+elsewhere), ``onnxruntime-int8-uint8`` and ``onnxruntime-int8-int8`` (that recipe with either
+weights, whatever the CPU), ``onnxruntime-int8-int8-exact`` (int8 weights computed exactly, as
+a VNNI CPU does: the same integers as uint8 weights plus 128 with zero point 128, run by the
+exact uint8 kernel; its vectors are a VNNI CPU's, its speed is not), ``onnxruntime-int8-all``
+(every weight MatMul int8), ``onnxruntime-int8-ffn`` (both FFN projections in float32),
+``onnxruntime-int8-plain`` and ``onnxruntime-int8-plain-all`` (the engine's int8 before
+2026-11-26: no smoothing, int8 weights), ``onnxruntime-float32``.
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
 ``pipeline/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 from pairforge.pipeline import sts
@@ -45,8 +50,16 @@ ENGINES = {
     "transformers float32": {"engine": "transformers"},
     "ctranslate2 int8": {"engine": "ctranslate2", "compute_type": "int8"},
     "ctranslate2 float32": {"engine": "ctranslate2", "compute_type": "float32"},
-    # The engine's int8: smoothed (alpha 0.8), uint8 weights, FFN output projections float32.
+    # The engine's int8: smoothed (alpha 0.8), FFN output projections float32, this CPU's weights.
     "onnxruntime int8": {"engine": "onnxruntime", "compute_type": "int8"},
+    "onnxruntime int8 uint8": {"engine": "onnxruntime", "compute_type": "int8", "weights": "uint8"},
+    "onnxruntime int8 int8": {"engine": "onnxruntime", "compute_type": "int8", "weights": "int8"},
+    "onnxruntime int8 int8 exact": {
+        "engine": "onnxruntime",
+        "compute_type": "int8",
+        "weights": "int8",
+        "exact": True,
+    },
     "onnxruntime int8 all": {
         "engine": "onnxruntime",
         "compute_type": "int8",
@@ -88,16 +101,59 @@ def _encoder(name: str, args: argparse.Namespace):
     another way than the engine's (other float32 layers, weights or smoothing) gets that
     quantisation as its model."""
     kw = dict(ENGINES[name])
+    exact = kw.pop("exact", False)
     recipe = {k: kw.pop(k) for k in ("float32_layers", "weights", "smooth") if k in kw}
     common = {"device": "cpu", "max_length": args.max_length, "threads": args.threads}
     enc = load_text_encoder(args.model, args.pooling, models_dir=args.models_dir, **common, **kw)
     if recipe:
-        from pairforge.pipeline.models.ort import load_onnxruntime
-
-        _, enc.model, _ = load_onnxruntime(
-            args.model, "cpu", "int8", args.models_dir, args.threads, **recipe
+        import onnxruntime as ort
+        from pairforge.pipeline.modelfiles import resolve_translation_model
+        from pairforge.pipeline.models.ort import (
+            MODEL_FILE,
+            Int8Recipe,
+            ORTModel,
+            convert_onnx,
+            session_options,
         )
+
+        ref = resolve_translation_model(args.model)
+        folder, _ = convert_onnx(ref, "int8", args.models_dir, Int8Recipe(**recipe))
+        path = _exact_int8(folder / MODEL_FILE) if exact else folder / MODEL_FILE
+        session = ort.InferenceSession(
+            str(path), session_options(args.threads), providers=["CPUExecutionProvider"]
+        )
+        enc.model = ORTModel(session)
     return enc
+
+
+def _exact_int8(path: Path) -> Path:
+    """The int8-weight model at ``path`` with every quantised weight ``w`` stored as uint8
+    ``w + 128`` and its zero point as 128: the same integer products, which ONNX Runtime's uint8
+    x uint8 kernel computes exactly on any CPU, as its VNNI kernel does for the int8 weights (its
+    AVX2 one saturates them). Written once beside ``path``."""
+    import onnx
+    from onnx import numpy_helper
+
+    out = path.with_name("model-exact.onnx")
+    if out.exists():
+        return out
+    model = onnx.load(str(path))
+    initializers = {t.name: t for t in model.graph.initializer}
+    shifted = set()
+    for node in model.graph.node:
+        if node.op_type not in ("MatMulInteger", "DynamicQuantizeMatMul"):
+            continue
+        for name in (node.input[1], node.input[3] if len(node.input) > 3 else ""):
+            if name in initializers and name not in shifted:
+                w = numpy_helper.to_array(initializers[name])
+                assert w.dtype == np.int8, (name, w.dtype)
+                u8 = (w.astype(np.int16) + 128).astype(np.uint8)
+                initializers[name].CopyFrom(numpy_helper.from_array(u8, name))
+                shifted.add(name)
+    if not shifted:
+        raise SystemExit(f"{path}: no int8 weights to shift")
+    onnx.save(model, str(out))
+    return out
 
 
 def main() -> None:

@@ -82,10 +82,20 @@ def encoder_info(dataset: Dataset) -> dict[str, Any]:
 
 def check_same_encoder(a: Dataset, b: Dataset) -> None:
     """Both embeddings datasets must come from one encoder (model, pooling, prompt, length,
-    engine and its precision: int8 vectors sit ~0.004 in cosine from float32 ones)."""
+    engine and its precision, onnxruntime's int8 recipe included: int8 vectors sit ~0.004 in
+    cosine from float32 ones, and two recipes differ as well)."""
     # Manifests written before the ctranslate2 engine existed name no engine: transformers.
     ia, ib = ({"engine": "transformers", **encoder_info(d)} for d in (a, b))
-    keys = ("model", "pooling", "prompt", "max_length", "dim", "engine", "compute_type")
+    keys = (
+        "model",
+        "pooling",
+        "prompt",
+        "max_length",
+        "dim",
+        "engine",
+        "compute_type",
+        "int8_recipe",
+    )
     diff = [k for k in keys if ia.get(k) != ib.get(k)]
     if diff:
         detail = ", ".join(f"{k}: {ia.get(k)!r} vs {ib.get(k)!r}" for k in diff)

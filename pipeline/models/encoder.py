@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -138,6 +139,8 @@ class SentenceEncoder:
             "device": self.device,
             "engine": self.source.get("engine", "transformers"),
             "compute_type": self.source.get("compute_type"),
+            # onnxruntime's int8 only: how the model was quantised (``ort.Int8Recipe``).
+            **({"int8_recipe": self.source["int8_recipe"]} if "int8_recipe" in self.source else {}),
         }
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
@@ -288,9 +291,11 @@ class TokenIds:
             )
             lengths.append(np.fromiter(map(len, enc["input_ids"]), np.int64))
             count = int(lengths[-1].sum())
-            ids.append(np.fromiter(_chain(enc["input_ids"]), np.int32, count))
+            ids.append(np.fromiter(chain.from_iterable(enc["input_ids"]), np.int32, count))
             if with_types:
-                types.append(np.fromiter(_chain(enc["token_type_ids"]), np.int8, count))
+                types.append(
+                    np.fromiter(chain.from_iterable(enc["token_type_ids"]), np.int8, count)
+                )
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum(np.concatenate(lengths) if lengths else [], out=offsets[1:])
         flat = np.concatenate(ids) if ids else np.empty(0, np.int32)
@@ -331,11 +336,6 @@ class TokenIds:
         return batch
 
 
-def _chain(lists: list[list[int]]):
-    for ids in lists:
-        yield from ids
-
-
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's ``malloc_trim``; a no-op
     elsewhere). A batch's activations are freed to the heap, not to the system, and a process
@@ -370,6 +370,7 @@ def load_text_encoder(
     engine: str = "transformers",
     compute_type: str = "int8",
     models_dir: str = ".cache/pairforge/ctranslate2",
+    int8_weights: str | None = None,
 ) -> SentenceEncoder:
     """The :class:`SentenceEncoder` of the ``embed`` params: unit vectors, token-length batches.
 
@@ -378,9 +379,10 @@ def load_text_encoder(
     dtype of the transformers engine (``float32``, ``bfloat16``, ``float16``); vectors are
     float32 whatever it is. ``engine="ctranslate2"`` runs the model converted at
     ``compute_type`` (kept under ``models_dir``, see ``ct2``) instead, ``engine="onnxruntime"``
-    its ONNX export at ``compute_type`` ``int8`` or ``float32`` (on CPU, see ``ort``); ``dtype``
-    must then stay float32. ``threads`` > 0 sets this process's torch CPU threads, and the
-    engine's (-1: their defaults).
+    its ONNX export at ``compute_type`` ``int8`` or ``float32`` (on CPU, see ``ort``), int8
+    with ``int8_weights`` (``int8`` or ``uint8``; None: what suits this CPU); ``dtype`` must
+    then stay float32. ``threads`` > 0 sets this process's torch CPU threads, and the engine's
+    (-1: their defaults).
     """
     import os
 
@@ -410,12 +412,17 @@ def load_text_encoder(
         tokenizer, net, dim = load_ctranslate2(model, device, compute_type, models_dir, threads)
         source["compute_type"] = compute_type
     elif engine == "onnxruntime":
-        from pairforge.pipeline.models.ort import load_onnxruntime
+        from pairforge.pipeline.models.ort import Int8Recipe, default_recipe, load_onnxruntime
 
         # Its package runs on CPU only: auto means cpu here, whatever GPU is visible.
         device = "cpu" if requested == "auto" else device
-        tokenizer, net, dim = load_onnxruntime(model, device, compute_type, models_dir, threads)
+        recipe = Int8Recipe(weights=int8_weights) if int8_weights else default_recipe()  # type: ignore[arg-type]
+        tokenizer, net, dim = load_onnxruntime(
+            model, device, compute_type, models_dir, threads, recipe
+        )
         source["compute_type"] = compute_type
+        if compute_type == "int8":
+            source["int8_recipe"] = recipe.name
     else:
         tokenizer, net = load_encoder(model, device, dtype)
     return SentenceEncoder(

@@ -20,11 +20,13 @@ measures them on MiniLM):
   function is unchanged, and the activation range moves into the weights, which are
   quantised per channel. ``max|X_j|`` is measured by running the float32 export over
   ``calibration.txt`` (256 sentences of the project's own CC0 demo corpus, beside this file).
-- ``weights`` ``uint8`` (default) or ``int8``: with int8 weights, ONNX Runtime's x86 kernels
-  without VNNI multiply uint8 activations by int8 weights with ``vpmaddubsw``, whose 16-bit
-  pair sums saturate (up to 255 * 127 * 2); smoothing enlarges the weights and makes it worse.
-  uint8 weights take a kernel without saturation, on every CPU, so a model gives the same
-  vectors on any x86 CPU.
+- ``weights`` ``int8`` or ``uint8``, by default chosen for the CPU (``int8_weights_for_cpu``):
+  ONNX Runtime multiplies uint8 activations by int8 weights with VNNI's ``vpdpbusd`` where the
+  CPU has it (exact, and its fastest int8 kernel), and otherwise with ``vpmaddubsw``, whose
+  16-bit pair sums saturate (up to 255 * 127 * 2); smoothing enlarges the weights and makes it
+  worse. So int8 weights where the CPU has VNNI, and elsewhere uint8 weights, which take an
+  exact kernel without it. Both compute their integers exactly; they differ by their
+  quantisation grids.
 - ``float32_layers``: which weight MatMuls stay float32. ``ffn_output`` (the default) the FFN
   output projections, the down-projections from the intermediate size to the hidden size,
   whose GELU inputs have outliers no smoothing factor folds away; ``ffn`` both FFN
@@ -35,8 +37,10 @@ measures them on MiniLM):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal, get_args
@@ -59,6 +63,66 @@ CALIBRATION_BATCH = 32
 MODEL_TYPES: tuple[str, ...] = ("bert", "distilbert", "roberta", "xlm-roberta", "electra")
 OPSET = 17
 MODEL_FILE = "model.onnx"
+# /proc/cpuinfo flags of the int8 dot-product instructions ONNX Runtime's u8s8 kernels use.
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def int8_weights_for_cpu(cpuinfo: str | Path = "/proc/cpuinfo") -> Int8Weights:
+    """``int8`` where this CPU has VNNI (ONNX Runtime's exact and fastest uint8 x int8 kernel),
+    else ``uint8`` (exact without it; the module's docstring). Read from ``cpuinfo``'s flags,
+    so ``uint8`` where there is none to read (not Linux, not x86)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "uint8"
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return "int8" if VNNI_FLAGS & set(line.partition(":")[2].split()) else "uint8"
+    return "uint8"
+
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """How the int8 model is made from the float32 export (the module's docstring): which
+    weight MatMuls stay float32, the weights' type, and the SmoothQuant alpha (None: no
+    smoothing). Each recipe is its own cached model, named by ``name``."""
+
+    float32_layers: Float32Layers = "ffn_output"
+    weights: Int8Weights = "uint8"
+    smooth: float | None = SMOOTH_ALPHA
+
+    def __post_init__(self) -> None:
+        if self.float32_layers not in FLOAT32_LAYERS:
+            raise ConfigError(
+                f"float32_layers {self.float32_layers!r}: allowed {', '.join(FLOAT32_LAYERS)}"
+            )
+        if self.weights not in INT8_WEIGHTS:
+            raise ConfigError(f"weights {self.weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
+        if self.smooth is not None and not 0.0 <= self.smooth <= 1.0:
+            raise ConfigError(f"smooth {self.smooth!r}: an alpha in [0, 1], or None")
+
+    @property
+    def name(self) -> str:
+        smooth = f"-smooth{self.smooth:g}" if self.smooth is not None else ""
+        return f"{self.float32_layers}-{self.weights}{smooth}"
+
+    def record(self) -> dict[str, Any]:
+        """What the cached model's record says of it (with the calibration file's digest)."""
+        out: dict[str, Any] = {
+            "float32_layers": self.float32_layers,
+            "weights": self.weights,
+            "smooth": self.smooth,
+        }
+        if self.smooth is not None:
+            out["calibration"] = _calibration_digest()
+        return out
+
+
+@functools.cache
+def default_recipe() -> Int8Recipe:
+    """The engine's recipe on this CPU: smoothed at ``SMOOTH_ALPHA``, FFN outputs float32, and
+    the weights ``int8_weights_for_cpu`` picks."""
+    return Int8Recipe(weights=int8_weights_for_cpu())
 
 
 class ORTModel:
@@ -106,15 +170,13 @@ def load_onnxruntime(
     compute_type: str,
     models_dir: str,
     threads: int,
-    float32_layers: Float32Layers = "ffn_output",
-    weights: Int8Weights = "uint8",
-    smooth: float | None = SMOOTH_ALPHA,
+    recipe: Int8Recipe | None = None,
 ) -> tuple[Any, ORTModel, int]:
     """(tokenizer, :class:`ORTModel`, dim) of a model spec, exported (and quantised) on first
     use and loaded from ``models_dir`` after. ``threads`` > 0 sets ONNX Runtime's intra-op
-    threads (else its default, one per core). ``float32_layers``, ``weights`` and ``smooth``
-    (an alpha, or None) say how int8 is made (the module's docstring). A ConfigError names the
-    spec when the model cannot be found or exported, or the settings do not apply."""
+    threads (else its default, one per core). ``recipe`` says how int8 is made (default:
+    ``default_recipe()``). A ConfigError names the spec when the model cannot be found or
+    exported, or the settings do not apply."""
     import onnxruntime as ort
     from pairforge.pipeline.modelfiles import resolve_translation_model
     from transformers import AutoConfig, AutoTokenizer
@@ -124,12 +186,6 @@ def load_onnxruntime(
             f"compute_type {compute_type!r} is not available for the onnxruntime engine: "
             f"allowed {', '.join(COMPUTE_TYPES)}"
         )
-    if float32_layers not in FLOAT32_LAYERS:
-        raise ConfigError(f"float32_layers {float32_layers!r}: allowed {', '.join(FLOAT32_LAYERS)}")
-    if weights not in INT8_WEIGHTS:
-        raise ConfigError(f"weights {weights!r}: allowed {', '.join(INT8_WEIGHTS)}")
-    if smooth is not None and not 0.0 <= smooth <= 1.0:
-        raise ConfigError(f"smooth {smooth!r}: an alpha in [0, 1], or None")
     if device != "cpu":
         raise ConfigError(
             f"device {device!r}: the onnxruntime engine runs on cpu (set device: cpu, or use "
@@ -144,7 +200,25 @@ def load_onnxruntime(
             "transformers"
         )
     tokenizer = AutoTokenizer.from_pretrained(ref.path)
-    folder, _ = convert_onnx(ref, compute_type, models_dir, float32_layers, weights, smooth)
+    recipe = recipe or default_recipe()
+    if compute_type == "int8" and recipe.weights == "int8" and int8_weights_for_cpu() == "uint8":
+        log.warning(
+            "int8 weights on a CPU without VNNI: ONNX Runtime's kernel saturates their products "
+            "(vectors measurably further from float32: docs/mine.md); uint8 weights suit it"
+        )
+    folder, _ = convert_onnx(ref, compute_type, models_dir, recipe)
+    session = ort.InferenceSession(
+        str(folder / MODEL_FILE), session_options(threads), providers=["CPUExecutionProvider"]
+    )
+    return tokenizer, ORTModel(session), int(config.hidden_size)
+
+
+def session_options(threads: int = -1) -> Any:
+    """The ``SessionOptions`` of every session this module runs: ``threads`` > 0 intra-op
+    threads (else ONNX Runtime's default, one per core), one inter-op thread, no spinning, and
+    errors only in the log."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = max(threads, 0)  # 0: ONNX Runtime's default
     options.inter_op_num_threads = 1
@@ -152,22 +226,17 @@ def load_onnxruntime(
     # cost the other jobs of a shared CPU more than they save this one.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3  # errors only: its graph-fusion notes are not the user's
-    session = ort.InferenceSession(
-        str(folder / MODEL_FILE), options, providers=["CPUExecutionProvider"]
-    )
-    return tokenizer, ORTModel(session), int(config.hidden_size)
+    return options
 
 
 def convert_onnx(
     ref: Any,
     compute_type: str,
     models_dir: str,
-    float32_layers: Float32Layers = "ffn_output",
-    weights: Int8Weights = "uint8",
-    smooth: float | None = SMOOTH_ALPHA,
+    recipe: Int8Recipe | None = None,
 ) -> tuple[Path, bool]:
-    """The ONNX model of ``ref`` (a ``modelfiles.ModelRef``) at ``compute_type``:
-    ``(folder, made now)``.
+    """The ONNX model of ``ref`` (a ``modelfiles.ModelRef``) at ``compute_type``, int8 made by
+    ``recipe`` (default: ``default_recipe()``): ``(folder, made now)``.
 
     Made once per (model, revision, compute type, int8 recipe) and reused by every later run;
     int8 is quantised from the float32 export, itself made once. A lock keeps concurrent workers
@@ -175,8 +244,8 @@ def convert_onnx(
     """
     from pairforge.pipeline.modelfiles import made_once
 
-    recipe = f"{float32_layers}-{weights}" + (f"-smooth{smooth:g}" if smooth is not None else "")
-    name = "onnx-float32" if compute_type == "float32" else f"onnx-int8-{recipe}"
+    recipe = recipe or default_recipe()
+    name = "onnx-float32" if compute_type == "float32" else f"onnx-int8-{recipe.name}"
     source = None
     if compute_type == "int8":
         source, _ = convert_onnx(ref, "float32", models_dir)  # outside this folder's lock
@@ -188,8 +257,8 @@ def convert_onnx(
             _export(ref, tmp / MODEL_FILE)
         else:
             log.info("quantising %s's ONNX export to int8 (%s), once, into %s",
-                     ref.spec, recipe, models_dir)  # fmt: skip
-            _quantize(ref, source / MODEL_FILE, tmp / MODEL_FILE, float32_layers, weights, smooth)
+                     ref.spec, recipe.name, models_dir)  # fmt: skip
+            _quantize(ref, source / MODEL_FILE, tmp / MODEL_FILE, recipe)
 
     record: dict[str, Any] = {
         "spec": ref.spec,
@@ -197,9 +266,7 @@ def convert_onnx(
         "compute_type": compute_type,
     }
     if source is not None:
-        record.update(float32_layers=float32_layers, weights=weights, smooth=smooth)
-        if smooth is not None:
-            record["calibration"] = _calibration_digest()
+        record.update(recipe.record())
     what = "ONNX export" if source is None else "ONNX quantisation"
     return made_once(ref, name, models_dir, MODEL_FILE, build, what, record)
 
@@ -290,31 +357,31 @@ def _quantize(
     ref: Any,
     source: Path,
     path: Path,
-    float32_layers: Float32Layers,
-    weights: Int8Weights,
-    smooth: float | None,
+    recipe: Int8Recipe,
 ) -> None:
-    """``quantize_dynamic`` of the float32 model at ``source`` (smoothed first when ``smooth``)
-    into ``path``: ``weights`` per output channel, the weight MatMuls only (embeddings and
-    activation-by-activation products stay float32), ``float32_layers`` excluded."""
+    """``quantize_dynamic`` of the float32 model at ``source`` (smoothed first when the recipe
+    says) into ``path``: the recipe's weights per output channel, the weight MatMuls only
+    (embeddings and activation-by-activation products stay float32), its ``float32_layers``
+    excluded."""
     import tempfile
 
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    excluded = float32_matmuls(source, float32_layers)
+    excluded = float32_matmuls(source, recipe.float32_layers)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
-        if smooth is not None:
+        if recipe.smooth is not None:
             from transformers import AutoTokenizer
 
             smoothed = Path(scratch) / MODEL_FILE
-            smooth_weights(source, smoothed, smooth, AutoTokenizer.from_pretrained(ref.path))
+            tokenizer = AutoTokenizer.from_pretrained(ref.path)
+            smooth_weights(source, smoothed, recipe.smooth, tokenizer)
             source = smoothed
         with warnings.catch_warnings(), _quiet_root_logger():
             warnings.simplefilter("ignore")
             quantize_dynamic(
                 str(source),
                 str(path),
-                weight_type=QuantType.QUInt8 if weights == "uint8" else QuantType.QInt8,
+                weight_type=QuantType.QUInt8 if recipe.weights == "uint8" else QuantType.QInt8,
                 per_channel=True,
                 op_types_to_quantize=["MatMul"],
                 nodes_to_exclude=excluded,
@@ -355,10 +422,8 @@ def activation_ranges(model: Any, names: list[str], tokenizer: Any, texts: list[
     probe.CopyFrom(model)
     for name in names:
         probe.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
     session = ort.InferenceSession(
-        probe.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        probe.SerializeToString(), session_options(), providers=["CPUExecutionProvider"]
     )
     inputs = {i.name for i in session.get_inputs()}
     ranges: dict[str, np.ndarray] = {}

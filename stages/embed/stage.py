@@ -191,6 +191,17 @@ def batch_dependent(cfg: EmbedConfig) -> bool:
     return cfg.engine == "onnxruntime" and cfg.compute_type != "float32"
 
 
+def int8_weights(cfg: EmbedConfig) -> str | None:
+    """The weights of onnxruntime's int8 model for this run, chosen once by the process that
+    plans it (for its CPU: ``ort.int8_weights_for_cpu``) and used by every worker, so that one
+    dataset holds one quantisation; None for the other engines and precisions."""
+    if not batch_dependent(cfg):
+        return None
+    from pairforge.pipeline.models.ort import default_recipe
+
+    return default_recipe().weights
+
+
 def _params(cfg: EmbedConfig) -> dict[str, Any]:
     # Device, batch size (and tokens) and threads change results only by float rounding: a run
     # may resume elsewhere (but see batch_dependent). compute_type matters only to the
@@ -214,8 +225,9 @@ def _params(cfg: EmbedConfig) -> dict[str, Any]:
 class _LazyEncoder:
     """Loads the model the first time a dataset actually needs embedding."""
 
-    def __init__(self, cfg: EmbedConfig) -> None:
+    def __init__(self, cfg: EmbedConfig, weights: str | None = None) -> None:
         self.cfg = cfg
+        self.int8_weights = weights  # see int8_weights
         self.encoder: Any = None
 
     def get(self) -> Any:
@@ -236,6 +248,7 @@ class _LazyEncoder:
                 engine=cfg.engine,
                 compute_type=cfg.compute_type,
                 models_dir=cfg.models_dir,
+                int8_weights=self.int8_weights,
             )
             log.info(
                 "embed: %s, %s pooling, %d-d, on %s (%s%s)",
@@ -305,8 +318,10 @@ class EmbedShard:
         id_column: str,
         reuse_sentences: bool,
         state: dict[str, Any] | None = None,
+        weights: str | None = None,
     ) -> None:
         self.cfg, self.key, self.id_column, self.reuse = cfg, key, id_column, reuse_sentences
+        self.int8_weights = weights  # the driver's choice (int8_weights), for every worker
         if state is not None:
             with _STATE_LOCK:
                 if key not in _STATE:
@@ -321,18 +336,20 @@ class EmbedShard:
             "key": self.key,
             "id_column": self.id_column,
             "reuse": self.reuse,
+            "int8_weights": self.int8_weights,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.cfg = EmbedConfig(**state["cfg"])
         self.key, self.id_column, self.reuse = state["key"], state["id_column"], state["reuse"]
+        self.int8_weights = state["int8_weights"]
 
     def _state(self) -> dict[str, Any]:
         with _STATE_LOCK:
             state = _STATE.get(self.key)
             if state is None:
                 _STATE.clear()
-                state = _STATE[self.key] = {"lazy": _LazyEncoder(self.cfg)}
+                state = _STATE[self.key] = {"lazy": _LazyEncoder(self.cfg, self.int8_weights)}
             if self.reuse and state.get("reuse") is None:
                 sentences = open_dataset(self.cfg.sentences, S.SENTENCES)
                 state["reuse"] = _SentenceVectors(self.cfg, sentences)
@@ -401,6 +418,8 @@ def _embed_dataset(
         # A resumed run must not mix two batchings.
         extra["batch_size"] = cfg.batch_size
         extra["max_batch_tokens"] = cfg.max_batch_tokens
+        # A resumed run on a CPU that picks other int8 weights embeds again.
+        extra["int8_weights"] = lazy.int8_weights
     fp = fingerprint(STAGE, section, {"input": source, "also": also}, extra)
     done = _finished(out, fp)
     rows = source.num_rows if source is not None else 0
@@ -437,7 +456,7 @@ def _embed_dataset(
         ex = executor or LocalExecutor()
         in_process = isinstance(ex, LocalExecutor)
         state = {"lazy": lazy, "reuse": reuse} if in_process else None
-        fn = EmbedShard(cfg, key, id_column, reuse is not None, state)
+        fn = EmbedShard(cfg, key, id_column, reuse is not None, state, lazy.int8_weights)
         # As write_vectors: small row groups, so that readers stream vectors in bounded memory.
         writer.write_options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
         facts: list[dict[str, Any]] = []
@@ -486,7 +505,7 @@ def run(
     sentences = open_dataset(cfg.sentences, S.SENTENCES)
     candidates, status = _open_augmentations("candidates", cfg.candidates)
     rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
-    lazy = _LazyEncoder(cfg)
+    lazy = _LazyEncoder(cfg, int8_weights(cfg))
     reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
     key = uuid.uuid4().hex  # this run, for the encoder each worker process keeps
     try:

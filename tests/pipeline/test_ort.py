@@ -18,11 +18,13 @@ from pairforge.pipeline.models import SentenceEncoder, load_text_encoder
 from pairforge.pipeline.models.ort import (
     CALIBRATION,
     MODEL_FILE,
+    Int8Recipe,
     ORTModel,
     calibration_texts,
     convert_onnx,
+    default_recipe,
     float32_matmuls,
-    load_onnxruntime,
+    int8_weights_for_cpu,
     smooth_weights,
     weight_matmuls,
 )
@@ -98,10 +100,13 @@ def test_export_and_quantisation_are_made_once(tiny_bert, texts, tmp_path, caplo
     with caplog.at_level(logging.INFO, logger="pairforge"):
         first = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime").encode(texts)
     assert caplog.text.count("exporting") == 1 and caplog.text.count("quantising") == 1
+    # The weights are this CPU's (int8 with VNNI, else uint8).
+    weights = int8_weights_for_cpu()
     assert [f.split("-onnx-")[1] for f in _folders(models_dir)] == [
         "float32",
-        "int8-ffn_output-uint8-smooth0.8",
+        f"int8-ffn_output-{weights}-smooth0.8",
     ]
+    assert default_recipe() == Int8Recipe("ffn_output", weights, 0.8)
     stamps = {p: p.stat().st_mtime_ns for p in models_dir.rglob(MODEL_FILE)}
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pairforge"):
@@ -114,7 +119,7 @@ def test_export_and_quantisation_are_made_once(tiny_bert, texts, tmp_path, caplo
     ref = resolve_translation_model(str(tiny_bert))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pairforge"):
-        folder, made = convert_onnx(ref, "int8", str(models_dir), "none")
+        folder, made = convert_onnx(ref, "int8", str(models_dir), Int8Recipe("none", "uint8"))
     assert made and "exporting" not in caplog.text and caplog.text.count("quantising") == 1
     assert len(_folders(models_dir)) == 3
     assert folder.name.endswith("-onnx-int8-none-uint8-smooth0.8")
@@ -129,7 +134,7 @@ def test_export_and_quantisation_are_made_once(tiny_bert, texts, tmp_path, caplo
         "calibration": hashlib.sha256(CALIBRATION.read_bytes()).hexdigest()[:16],
     }
     # Unsmoothed, int8 weights: the recipe is in the name.
-    plain, made = convert_onnx(ref, "int8", str(models_dir), "none", "int8", None)
+    plain, made = convert_onnx(ref, "int8", str(models_dir), Int8Recipe("none", "int8", None))
     assert made and plain.name.endswith("-onnx-int8-none-int8")
     assert "calibration" not in json.loads((plain / "pairforge-source.json").read_text())
     assert not [p for p in models_dir.iterdir() if re.search(r"\.tmp-\d+$", p.name)]
@@ -150,7 +155,7 @@ def test_float32_layers_are_the_ffn_projections(tiny_bert, models_dir, texts):
 
     kept = {}
     for layers in ("none", "ffn_output"):
-        folder, _ = convert_onnx(ref, "int8", str(models_dir), layers)
+        folder, _ = convert_onnx(ref, "int8", str(models_dir), Int8Recipe(layers))
         graph = onnx.load(str(folder / MODEL_FILE)).graph
         kept[layers] = sorted(n.name for n in graph.node if n.op_type == "MatMul")
     assert set(out) <= set(kept["ffn_output"]) and not set(out) & set(kept["none"])
@@ -164,9 +169,13 @@ def test_bad_settings_and_models_are_clear_errors(tiny_bert, models_dir, tmp_pat
     with pytest.raises(ConfigError, match="the onnxruntime engine runs on cpu"):
         load_text_encoder(str(tiny_bert), "mean", device="cuda", engine="onnxruntime")
     with pytest.raises(ConfigError, match="weights 'int4': allowed uint8, int8"):
-        load_onnxruntime(str(tiny_bert), "cpu", "int8", str(models_dir), 1, weights="int4")
+        Int8Recipe(weights="int4")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="weights 'int4': allowed uint8, int8"):
+        _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", int8_weights="int4")
     with pytest.raises(ConfigError, match=r"smooth 1.5: an alpha in \[0, 1\]"):
-        load_onnxruntime(str(tiny_bert), "cpu", "int8", str(models_dir), 1, smooth=1.5)
+        Int8Recipe(smooth=1.5)
+    with pytest.raises(ConfigError, match="float32_layers 'all': allowed none, ffn_output, ffn"):
+        Int8Recipe("all")  # type: ignore[arg-type]
     enc = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime")
     assert enc.model.session.get_session_options().intra_op_num_threads == 1
     with pytest.raises(PairforgeError, match="no training mode"):
@@ -310,7 +319,7 @@ def test_smoothing_keeps_the_function_and_tames_an_outlier_channel(tiny_bert, te
 
     cosines = {}
     for smooth in (None, 0.8):
-        q, _ = convert_onnx(ref, "int8", str(models_dir), "none", "uint8", smooth)
+        q, _ = convert_onnx(ref, "int8", str(models_dir), Int8Recipe("none", "uint8", smooth))
         cosines[smooth] = np.einsum("ij,ij->i", run(q / MODEL_FILE), want)
     # Measured on this model (AMD EPYC, AVX2): 1 - cosine 5.8e-4 on average and 0.019 at worst
     # unsmoothed, 2.5e-5 and 5e-4 smoothed.
@@ -329,3 +338,49 @@ def test_calibration_sentences_are_the_projects_own():
     demo = Path(__file__).resolve().parents[2] / "data" / "demo" / "corpus.txt"
     corpus = {" ".join(t.split()) for t in demo.read_text(encoding="utf-8").splitlines()}
     assert set(texts) <= corpus
+
+
+@pytest.mark.parametrize(
+    ("flags", "want"),
+    [
+        ("fpu sse2 avx avx2 fma", "uint8"),  # AVX2 without VNNI: vpmaddubsw saturates
+        ("fpu avx2 avx512f avx512bw avx512_vnni", "int8"),
+        ("fpu avx2 avx_vnni", "int8"),  # AVX-VNNI (256-bit)
+        ("fpu avx2 amx_int8 avx512_vnni", "int8"),
+        (None, "uint8"),  # a cpuinfo without flags (not x86)
+    ],
+)
+def test_int8_weights_follow_the_cpus_vnni(tmp_path, flags, want):
+    cpuinfo = tmp_path / "cpuinfo"
+    lines = ["processor\t: 0", "model name\t: some CPU"]
+    if flags is not None:
+        lines.append(f"flags\t\t: {flags}")
+    cpuinfo.write_text("\n".join(lines) + "\n")
+    assert int8_weights_for_cpu(cpuinfo) == want
+    assert int8_weights_for_cpu(tmp_path / "absent") == "uint8"  # not Linux
+
+
+def test_the_int8_recipe_is_recorded_and_int8_weights_without_vnni_warn(
+    tiny_bert, models_dir, texts, monkeypatch, caplog
+):
+    """The encoder's info names its int8 recipe (sample compares it); int8 weights on a CPU
+    without VNNI run, with a warning that their products saturate there."""
+    from pairforge.pipeline.models import ort
+
+    monkeypatch.setattr(ort, "int8_weights_for_cpu", lambda: "uint8")
+    with caplog.at_level(logging.WARNING, logger="pairforge"):
+        u8 = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", int8_weights="uint8")
+    assert "without VNNI" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="pairforge"):
+        s8 = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", int8_weights="int8")
+    assert "int8 weights on a CPU without VNNI" in caplog.text
+    assert u8.info()["int8_recipe"] == "ffn_output-uint8-smooth0.8"
+    assert s8.info()["int8_recipe"] == "ffn_output-int8-smooth0.8"
+    # Two quantisations: close to each other, not the same vectors.
+    a, b = u8.encode(texts), s8.encode(texts)
+    assert np.abs(a - b).max() > 0 and np.einsum("ij,ij->i", a, b).min() > 0.98
+    f32 = _encoder(tiny_bert, "mean", models_dir, engine="onnxruntime", compute_type="float32")
+    assert (
+        "int8_recipe" not in f32.info()
+        and "int8_recipe" not in _encoder(tiny_bert, "mean", models_dir).info()
+    )

@@ -113,3 +113,42 @@ def test_several_gpus_do_not_take_the_onnxruntime_engine_off_the_cpu(
     assert result.exit_code == 0, result.output
     metrics = read_json(root / "metrics/embed.json")
     assert metrics["device"] == "cpu" and metrics["encoder"]["engine"] == "onnxruntime"
+
+
+def test_the_planning_process_picks_the_int8_weights_for_every_worker(
+    tiny_bert, mining_inputs, tmp_path, monkeypatch
+):
+    """onnxruntime's int8 weights depend on the CPU (``ort.int8_weights_for_cpu``): the process
+    that plans the run picks them once, the manifest names the recipe, a worker process
+    (``EmbedShard`` as Dask pickles it) uses the driver's pick whatever its own CPU, and a rerun
+    where the pick differs embeds again instead of mixing two quantisations."""
+    import pickle
+
+    from pairforge.pipeline.models import ort
+    from pairforge.stages.cli import app
+    from pairforge.stages.embed.stage import EmbedConfig, EmbedShard
+    from typer.testing import CliRunner
+
+    root = copy_project(mining_inputs, tmp_path / "project")
+    write_params(root, {"embed": stage_params(tiny_bert, "test")["embed"]})
+    monkeypatch.chdir(root)
+    args = ["embed", "--engine", "onnxruntime", "--models-dir", "onnx", "--no-progress"]
+    vectors = {}
+    for weights in ("uint8", "int8", "int8"):
+        monkeypatch.setattr(ort, "default_recipe", lambda w=weights: ort.Int8Recipe(weights=w))
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        metrics = read_json(root / "metrics/embed.json")
+        redone = weights not in vectors
+        assert metrics["sentences"]["computed_shards"] == (6 if redone else 0)
+        embeddings = open_embeddings(root / "data/embeddings/sentences")
+        assert embeddings.manifest["encoder"]["int8_recipe"] == f"ffn_output-{weights}-smooth0.8"
+        ids = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID]
+        vectors[weights] = load_vectors(embeddings, ids)
+    assert np.abs(vectors["uint8"] - vectors["int8"]).max() > 1e-4
+
+    # A worker: the driver's pick travels with the pickled task, not the worker's CPU's.
+    cfg = EmbedConfig(**{**stage_params(tiny_bert, "test")["embed"], "engine": "onnxruntime"})
+    monkeypatch.setattr(ort, "default_recipe", lambda: ort.Int8Recipe(weights="uint8"))
+    shard = pickle.loads(pickle.dumps(EmbedShard(cfg, "run", S.ID, False, None, "int8")))
+    assert shard.int8_weights == "int8" and shard._state()["lazy"].int8_weights == "int8"

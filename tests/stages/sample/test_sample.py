@@ -338,6 +338,24 @@ def test_other_encoder_is_a_clear_error(mined, tmp_path):
         run(_cfg(root), progress=False)
 
 
+def test_two_int8_recipes_are_other_encoders():
+    """onnxruntime's int8 made by two recipes (two CPUs may pick other weights) are two
+    encoders; one recipe on both sides is one."""
+    from types import SimpleNamespace
+
+    from pairforge.pipeline.mining_inputs import ENCODER_KEY, check_same_encoder
+
+    onnx = {**INFO, "engine": "onnxruntime", "compute_type": "int8"}
+
+    def embeddings(path, recipe):
+        return SimpleNamespace(path=path, manifest={ENCODER_KEY: {**onnx, "int8_recipe": recipe}})
+
+    u8 = embeddings("sentences", "ffn_output-uint8-smooth0.8")
+    check_same_encoder(u8, embeddings("candidates", "ffn_output-uint8-smooth0.8"))
+    with pytest.raises(PairforgeError, match="int8_recipe: 'ffn_output-uint8-smooth0.8' vs 'ffn_o"):
+        check_same_encoder(u8, embeddings("candidates", "ffn_output-int8-smooth0.8"))
+
+
 def test_without_candidates_negatives_only(mined, tmp_path):
     root = copy_project(mined, tmp_path)
     metrics = run(_cfg(root, candidates=None), progress=False)
