@@ -1,8 +1,8 @@
 """The ``onnxruntime`` engine of the encoder: a BERT-family encoder exported once to ONNX
 (float32, token states and the pooler's output), then quantised with ONNX Runtime's dynamic
-quantisation at ``compute_type`` ``int8`` (int8 weights per output channel, activations
+quantisation at ``compute_type`` ``int8`` (8-bit weights per output channel, activations
 quantised per tensor at run time; ``float32`` runs the export as it is). Both are cached under
-``models_dir`` by model, revision and compute type, as the CTranslate2 conversions are
+``models_dir`` by model, revision, compute type and int8 recipe, as the CTranslate2 conversions are
 (``pipeline.modelfiles``), the int8 model made from the cached float32 export. Its token states
 go through the same ``pooling.pool`` as the torch engine's, so every pooling means the same thing
 on both. It runs on CPU (the ``onnxruntime`` package has no GPU provider) and has no training

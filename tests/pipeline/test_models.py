@@ -250,6 +250,20 @@ def test_batch_tokens_bounds_each_batch_and_keeps_the_vectors(tiny):
         load_text_encoder(str(tiny), "mean", device="cpu", max_batch_tokens=0)
 
 
+def test_free_heap_is_released_every_few_batches_and_after_the_last(tiny, monkeypatch):
+    """glibc's malloc_trim after every TRIM_EVERY-th batch and once after the last: each call
+    costs a re-fault of the next batch's pages, so not after every batch (docs/mine.md)."""
+    from pairforge.pipeline.models import encoder as module
+
+    calls = []
+    monkeypatch.setattr(module, "_MALLOC_TRIM", calls.append)
+    monkeypatch.setattr(module, "TRIM_EVERY", 3)
+    enc = load_text_encoder(str(tiny), "mean", device="cpu", batch_size=1, max_length=12)
+    batches = [len(rows) for rows, _ in enc._batches(list(TEXTS))]
+    assert batches == [1] * len(TEXTS) and len(TEXTS) == 7
+    assert calls == [0] * 3  # after batches 3 and 6, and after the 7th (the last)
+
+
 def test_sentence_encoder_reads_the_folder(tiny):
     """A plain Hugging Face folder declares nothing: raw [CLS], not normalised, as evaluated."""
     encoder, described = load_sentence_encoder(str(tiny), batch_size=3)
