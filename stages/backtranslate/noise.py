@@ -7,7 +7,8 @@ sentence yields several different positive candidates. Every noised copy is reco
 - ``none``: the sentence as it is (always the first variant);
 - ``insert:<word>@<pos>[,<word>@<pos>]``: ``word`` inserted before the word at index ``pos`` of
   the original whitespace-split sentence (``pos == len(words)`` appends);
-- ``mask@<pos>[,<pos>]``: the word at index ``pos`` replaced by the mask token.
+- ``mask@<pos>[,<pos>]``: the word at index ``pos`` replaced by the mask token (deleted when
+  the token is empty: a rule-based translator copies an unknown token into its output).
 
 Randomness is seeded per sentence (``seed`` and the sentence id), so a sentence gets the same
 noise whichever shard, worker or run it is in.
@@ -96,8 +97,8 @@ def _draw(
     positions = sorted(int(p) for p in rng.choice(n, size=k, replace=False))
     out = list(words)
     for pos in positions:
-        out[pos] = settings.mask_token
-    return "mask@" + ",".join(str(p) for p in positions), " ".join(out)
+        out[pos] = settings.mask_token  # an empty token deletes the word
+    return "mask@" + ",".join(str(p) for p in positions), " ".join(w for w in out if w)
 
 
 def noise_variants(

@@ -33,6 +33,7 @@ from pairforge.pipeline.modelfiles import (
     convert_ctranslate2,
     resolve_translation_model,
 )
+from pairforge.pipeline.models.apertium import is_apertium_spec
 from pairforge.pipeline.runner import Executor, map_shards
 from pairforge.pipeline.shards import DatasetWriter, open_dataset
 from pairforge.stages.backtranslate.decoding import GREEDY, Decoding, Lengths
@@ -90,7 +91,11 @@ class NoiseConfig(BaseModel):
         default_factory=list, description="words to insert; empty: the corpus's top_words"
     )
     top_words: int = Field(100, ge=1, description="size of the frequent-word list when computed")
-    mask_token: str = Field("<unk>", min_length=1, description="replaces a masked word")
+    mask_token: str = Field(
+        "<unk>",
+        description="replaces a masked word; empty: the word is deleted (for apertium, which "
+        "copies an unknown token into its output)",
+    )
 
     @model_validator(mode="after")
     def _order(self) -> NoiseConfig:
@@ -126,8 +131,10 @@ class BacktranslateConfig(StageConfig):
     models_dir: str = Field(
         ".cache/pairforge/ctranslate2", description="folder of CTranslate2 conversions"
     )
-    engine: Literal["ctranslate2", "transformers"] = Field(
-        "ctranslate2", description="ctranslate2 or transformers"
+    engine: Literal["ctranslate2", "transformers", "apertium"] = Field(
+        "ctranslate2",
+        description="ctranslate2 or transformers (Marian models), or apertium (rule-based, "
+        "offline; routes name apertium:<mode> specs, greedy decoding only)",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto, cpu or cuda")
     compute_type: str = Field(
@@ -141,7 +148,9 @@ class BacktranslateConfig(StageConfig):
         "for the same float32 outputs on every machine that has it",
     )
     max_batch_tokens: int = Field(4096, ge=1, description="padded source tokens per batch")
-    max_batch_sentences: int = Field(64, ge=1, description="sentences per batch at most")
+    max_batch_sentences: int = Field(
+        64, ge=1, description="sentences per batch at most (apertium: sentences per batch)"
+    )
     max_input_tokens: int = Field(
         256, ge=2, description="sources are truncated to this many tokens"
     )
@@ -158,7 +167,32 @@ class BacktranslateConfig(StageConfig):
         if len(set(names)) != len(names):
             raise ValueError(f"route names must be unique, got {names}")
         Lengths(**self._length_fields())  # min_length <= max_length
+        self._check_engine_specs()
         return self
+
+    def _check_engine_specs(self) -> None:
+        """Apertium modes go with the apertium engine, Marian models with the others."""
+        for r in self.routes:
+            for leg, spec in (("forward", r.forward), ("backward", r.backward)):
+                if self.engine == "apertium" and not is_apertium_spec(spec):
+                    raise ValueError(
+                        f"routes {r.name}.{leg}: engine apertium translates with apertium:<mode> "
+                        f"specs (e.g. apertium:eng-spa), got {spec!r}"
+                    )
+                if self.engine != "apertium" and is_apertium_spec(spec):
+                    raise ValueError(
+                        f"routes {r.name}.{leg}: {spec!r} is an Apertium mode: set engine: apertium"
+                    )
+            if self.engine != "apertium":
+                continue
+            if r.forward_revision or r.backward_revision:
+                raise ValueError(f"routes {r.name}: a revision applies to hub ids, not Apertium")
+            strategies = {d.strategy for d in (r.pivot_decoding, *r.decodings)}
+            if strategies != {"greedy"}:
+                raise ValueError(
+                    f"routes {r.name}: Apertium gives one translation per input: "
+                    "pivot_decoding and decodings must be greedy"
+                )
 
     def _length_fields(self) -> dict:
         return {

@@ -82,12 +82,14 @@ def translate_texts(
     rerun with another batch size or a corpus that shares texts samples the same outputs.
     """
     unique = list(dict.fromkeys(texts))
+    text_engine = getattr(translator, "text_engine", False)
     base = {
         "model": translator.ref.cache_name,
         **translator.settings.identity(),
         "decoding": decoding.cache_fields(),
-        "lengths": lengths.model_dump(),
     }
+    if not text_engine:  # a rule-based translation has no token limits
+        base["lengths"] = lengths.model_dump()
     if decoding.stochastic:
         base["seed"] = seed
         base["sampler"] = SAMPLER
@@ -101,7 +103,9 @@ def translate_texts(
         cache_hits=len(results),
         translated=len(todo),
     )
-    if todo:
+    if todo and text_engine:
+        _translate_text_batches(translator, todo, keys, batching, cache, results, label, progress)
+    elif todo:
         ids = translator.encode(todo, lengths.max_input_tokens)
         plan = plan_batches(
             [len(x) for x in ids], batching.max_tokens, batching.max_sentences, todo
@@ -126,6 +130,28 @@ def translate_texts(
             bar.advance(done=len(batch), rows=len(batch))
         bar.close()
     return results, counts
+
+
+def _translate_text_batches(
+    translator,
+    todo: list[str],
+    keys: dict,
+    batching: Batching,
+    cache,
+    results: dict,
+    label,
+    progress,
+) -> None:
+    """A text engine's pass (Apertium): ``todo`` in order, ``max_sentences`` texts a batch,
+    each batch committed to the cache when done."""
+    bar = Progress(label, total=len(todo), unit="sentences", enabled=progress and len(todo) >= 5000)
+    for start in range(0, len(todo), batching.max_sentences):
+        batch = todo[start : start + batching.max_sentences]
+        outputs = [[out] for out in translator.translate_texts(batch)]
+        cache.put_many({keys[t]: out for t, out in zip(batch, outputs, strict=True)})
+        results.update(zip(batch, outputs, strict=True))
+        bar.advance(done=len(batch), rows=len(batch))
+    bar.close()
 
 
 def backtranslate_shard(
