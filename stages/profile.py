@@ -1,4 +1,7 @@
-"""Profiles: complete params presets (``demo``, ``paper``) that ``params.yaml`` is made from.
+"""Profiles: params presets (``demo``, ``paper``, ``apertium``) that ``params.yaml`` is made from.
+
+A preset is complete, or names the profile it ``extends`` and holds only what differs
+(``apertium``: the demo with real offline translations).
 
 ``pairforge profile use paper`` rewrites params.yaml from the preset; DVC then reruns exactly
 the stages whose params changed. ``pairforge profile check`` validates a preset or a params file.
@@ -23,9 +26,11 @@ from pairforge.pipeline.errors import ConfigError
 
 # The presets are the pipeline package's data, beside this (stages) package.
 PRESETS = Path(__file__).resolve().parents[1] / "pipeline" / "presets"
+EXTENDS = "extends"
 
 app = typer.Typer(
-    help="Switch between the demo and paper profiles, or check a params file.", no_args_is_help=True
+    help="Switch between the profiles (demo, paper, apertium), or check a params file.",
+    no_args_is_help=True,
 )
 
 
@@ -40,6 +45,38 @@ def preset_path(name: str) -> Path:
             f"profile: {name!r} is not a profile; allowed values: {', '.join(available())}"
         )
     return path
+
+
+def _merge(base: Any, overlay: Any) -> Any:
+    """``overlay`` over ``base``: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        for key, value in overlay.items():
+            base[key] = _merge(base[key], value) if key in base else value
+        return base
+    return overlay
+
+
+def preset(name: str) -> dict[str, Any]:
+    """A profile's params. A preset that starts with ``extends: <profile>`` holds only what
+    differs from that profile (mappings merge key by key; lists and values replace)."""
+    data = yaml.safe_load(preset_path(name).read_text()) or {}
+    base = data.pop(EXTENDS, None)
+    return _merge(preset(base), data) if base else data
+
+
+def preset_text(name: str) -> str:
+    """A profile's params as YAML text: a complete preset's file as it is (comments kept), an
+    overlay's merged params with a line naming the files that explain them."""
+    path = preset_path(name)
+    text = path.read_text()
+    base = (yaml.safe_load(text) or {}).get(EXTENDS)
+    if not base:
+        return text
+    note = (
+        f"# The {name!r} profile: the {base!r} preset with what differs from it "
+        f"(pipeline/presets/{name}.yaml, commented there) merged in.\n"
+    )
+    return note + yaml.safe_dump(preset(name), sort_keys=False, width=100)
 
 
 def validate_params(params: dict[str, Any], dvc_file: str | Path = DVC_FILE) -> None:
@@ -67,23 +104,22 @@ def list_profiles(
     """List the profiles and say which one params.yaml currently equals."""
     current = load_params(params) if Path(params).exists() else None
     for name in available():
-        same = current is not None and yaml.safe_load(preset_path(name).read_text()) == current
+        same = current is not None and preset(name) == current
         typer.echo(f"{name}{'  (active)' if same else ''}")
 
 
 @app.command("use")
 @cli_errors
 def use(
-    name: Annotated[str, typer.Argument(help="profile name: demo or paper")],
+    name: Annotated[str, typer.Argument(help="profile name: demo, paper or apertium")],
     params: Annotated[str, typer.Option(help="params file to write")] = PARAMS_FILE,
 ) -> None:
     """Write the profile's params to params.yaml (after validating them)."""
     from pairforge.pipeline.shards import atomic_write_bytes
 
-    path = preset_path(name)
-    validate_params(yaml.safe_load(path.read_text()))
+    validate_params(preset(name))
     header = f"# Written by `pairforge profile use {name}`; edit freely, or switch profile again.\n"
-    atomic_write_bytes(Path(params), header.encode() + path.read_bytes())
+    atomic_write_bytes(Path(params), (header + preset_text(name)).encode())
     typer.echo(f"{params} now holds the {name!r} profile")
 
 
@@ -99,7 +135,8 @@ def check(
     Model folders are looked for from the working directory, and outputs of the stages of the
     dvc.yaml beside the params file (here, for a profile name) count as present.
     """
-    path = Path(target) if Path(target).exists() else preset_path(target)
-    dvc_file = path.parent / DVC_FILE if Path(target).exists() else Path(DVC_FILE)
-    validate_params(load_params(path), dvc_file)
+    if Path(target).exists():
+        validate_params(load_params(target), Path(target).parent / DVC_FILE)
+    else:
+        validate_params(preset(target), Path(DVC_FILE))
     typer.echo(f"{target}: valid")

@@ -21,3 +21,8 @@ def test_ci_runs_the_readme_test_command_then_the_slow_tests():
     ]
     assert commands == [readme_test.group(1), f"{readme_test.group(1)} -m slow"]
     assert "set -euo pipefail" in script.read_text()  # a failing suite stops CI
+    # The Apertium engine's tests run the real binary in CI: its packages come first.
+    text = script.read_text()
+    assert text.index("apt-get install") < text.index(readme_test.group(1))
+    for package in ("apertium", "apertium-eng-spa", "apertium-eng-cat", "apertium-eo-en"):
+        assert re.search(rf"\b{package}\b", text)

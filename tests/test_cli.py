@@ -6,7 +6,7 @@ import yaml
 from pairforge.stages import config_models
 from pairforge.stages.cli import app
 from pairforge.stages.ingest.stage import IngestConfig
-from pairforge.stages.profile import available, preset_path, validate_params
+from pairforge.stages.profile import available, preset, preset_path, preset_text, validate_params
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli
@@ -100,6 +100,31 @@ def test_profiles_validate_and_switch(tmp_path):
     assert result.exit_code == 0 and "valid" in result.output
     result = runner.invoke(app, ["profile", "use", "huge"])
     assert result.exit_code == 2 and "'huge' is not a profile" in result.output
+
+
+def test_an_overlay_profile_is_its_base_with_what_differs(tmp_path):
+    demo, apertium = preset("demo"), preset("apertium")
+    assert "extends" not in apertium and set(apertium) == set(demo)
+    changed = {s for s in demo if demo[s] != apertium[s]}
+    assert changed == {"backtranslate", "sample"}
+    bt = apertium["backtranslate"]
+    assert bt["engine"] == "apertium" and bt["noise"]["mask_token"] == ""
+    assert bt["noise"]["copies"] == demo["backtranslate"]["noise"]["copies"]  # merged, kept
+    assert [r["name"] for r in bt["routes"]] == ["en-es-en", "en-ca-en", "en-eo-en"]
+    assert bt["input"] == demo["backtranslate"]["input"]
+    params = tmp_path / "params.yaml"
+    runner.invoke(app, ["profile", "use", "demo", "--params", str(params)])
+    first = params.read_text()
+    with_apertium = {**demo, "backtranslate": bt, "sample": apertium["sample"]}
+    assert yaml.safe_load(preset_text("apertium")) == with_apertium
+    # `use` validates first: where Apertium is missing it stops and writes nothing.
+    result = runner.invoke(app, ["profile", "use", "apertium", "--params", str(params)])
+    if result.exit_code == 0:
+        assert yaml.safe_load(params.read_text()) == apertium
+        listed = runner.invoke(app, ["profile", "list", "--params", str(params)]).output
+        assert "apertium  (active)" in listed and "demo  (active)" not in listed
+    else:
+        assert "apt-get install" in result.output and params.read_text() == first
 
 
 def test_committed_params_equal_the_demo_profile():
