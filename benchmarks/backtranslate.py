@@ -19,16 +19,28 @@ and writing the candidates dataset):
   ``model.generate`` (greedy, the same fixed length), ``batch_decode``, both legs, one Parquet
   file written at the end. No sorting, no dedup, no cache.
 
+* ``stage apertium <route>``: the stage on the Apertium engine (real rule-based translation,
+  Debian's packages), one route at a time (en-es-en, en-ca-en, en-eo-en), on the same sentences:
+  one long-lived pipeline per mode fed ``--apertium-batch`` sentences a batch (the stage's way),
+  and for en-es-en also one pipeline process per batch of 64 (the alternative it was chosen
+  over). Apertium's outputs have their own length, not ``--length``: its rows time real work,
+  not the same decoding work as the Marian rows.
+
+Peak memory is the largest resident set of the case's whole process tree (the child and every
+program it started, Apertium's pipelines included), sampled every 20 ms.
+
 The translation cache is off (``cache: null``) in every case: this measures translation, not
 cache hits. Targets on the 2-core CPU: CTranslate2 int8 >= 1.8x transformers float32 and >= 2x
 the naive loop. On a GPU the cases are float16/int8_float16 as well.
 
     python benchmarks/backtranslate.py [--sentences 64] [--length 24] [--quick] [--device auto]
+    python benchmarks/backtranslate.py --sentences 2000 --engines apertium   # Apertium alone
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -62,6 +74,32 @@ print(json.dumps({"seconds": seconds, "sentences": metrics["sentences_in"],
                   "candidates": metrics["candidates_out"],
                   "translated": metrics["translations"]["performed"]}))
 """
+
+CHILD_APERTIUM = r"""
+import json, sys, time
+from pairforge.pipeline.runner import LocalExecutor
+from pairforge.stages.backtranslate import apertium
+from pairforge.stages.backtranslate.stage import BacktranslateConfig, run
+work, route, forward, backward, batch, persistent, name = sys.argv[1:8]
+if persistent == "0":  # one pipeline process per batch
+    apertium.ApertiumPipeline.__init__.__defaults__ = (False,)
+cfg = BacktranslateConfig(
+    input=f"{work}/sentences", output=f"{work}/out-{name}", metrics=f"{work}/out-{name}.json",
+    plot=f"{work}/out-{name}.png", cache=None, engine="apertium", max_batch_sentences=int(batch),
+    routes=[{"name": route, "forward": forward, "backward": backward}], noise={"copies": 0},
+)
+start = time.perf_counter()
+metrics = run(cfg, LocalExecutor(), progress=False)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "sentences": metrics["sentences_in"],
+                  "candidates": metrics["candidates_out"],
+                  "translated": metrics["translations"]["performed"]}))
+"""
+APERTIUM_ROUTES = {
+    "en-es-en": ("apertium:eng-spa", "apertium:spa-eng"),
+    "en-ca-en": ("apertium:eng-cat", "apertium:cat-eng"),
+    "en-eo-en": ("apertium:en-eo", "apertium:eo-en"),
+}
 
 CHILD_NAIVE = r"""
 import json, sys, time, warnings
@@ -154,14 +192,72 @@ def build(work: Path, n: int) -> None:
     writer.finalize(1)
 
 
+def tree_rss(proc) -> int:
+    """Resident bytes of ``proc`` and every process under it (0 once it has gone)."""
+    import psutil
+
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+    except psutil.Error:
+        pass
+    return total
+
+
 def child(code: str, args: list[str]) -> dict:
+    """Run one case in a fresh process; its JSON line, with ``peak_mib`` of its process tree."""
+    import psutil
+
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    out = subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"benchmark child failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *args], stdout=out, stderr=err, env=env, cwd=ROOT
+        )
+        watched, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(watched))
+            time.sleep(0.02)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark child failed:\n{stderr[-3000:]}")
+    return {**json.loads(stdout.strip().splitlines()[-1]), "peak_mib": peak / 2**20}
+
+
+def marian_cases(work: Path, device: str, length: int, threads: int) -> tuple[list, dict]:
+    """The Marian cases (naive loop, transformers, CTranslate2) and the one-off conversions."""
+    from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
+
+    ref = resolve_translation_model(str(work / "model"))
+    ct2_types = ["int8"] if device == "cpu" else ["int8_float16", "float16"]
+    conversions = {}
+    for ct in ct2_types:
+        start = time.perf_counter()
+        convert_ctranslate2(ref, ct, str(work / "ct2"))
+        conversions[ct] = time.perf_counter() - start
+    common = [device, str(length), str(threads)]
+    cases = [("naive loop (transformers float32)", CHILD_NAIVE, [str(work), *common])]
+    for dt in ["float32"] if device == "cpu" else ["float32", "float16"]:
+        args = [str(work), "transformers", dt, *common, f"hf-{dt}"]
+        cases.append((f"stage transformers {dt}", CHILD_STAGE, args))
+    for ct in ct2_types:
+        args = [str(work), "ctranslate2", ct, *common, f"ct2-{ct}"]
+        cases.append((f"stage ctranslate2 {ct}", CHILD_STAGE, args))
+    return cases, conversions
+
+
+def apertium_cases(work: Path, batch: int) -> list:
+    """Each Apertium route with long-lived pipelines, and en-es-en with a process per batch."""
+    cases = []
+    for route, (forward, backward) in APERTIUM_ROUTES.items():
+        args = [str(work), route, forward, backward, str(batch), "1", f"apertium-{route}"]
+        cases.append((f"stage apertium {route}", CHILD_APERTIUM, args))
+    forward, backward = APERTIUM_ROUTES["en-es-en"]
+    args = [str(work), "en-es-en", forward, backward, "64", "0", "apertium-per-batch"]
+    cases.append(("stage apertium en-es-en, process/64", CHILD_APERTIUM, args))
+    return cases
 
 
 def main() -> None:
@@ -171,6 +267,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="0: every core")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--quick", action="store_true", help="24 sentences, 16 tokens")
+    parser.add_argument(
+        "--engines", nargs="+", default=["marian", "apertium"], choices=["marian", "apertium"]
+    )
+    parser.add_argument(
+        "--apertium-batch", type=int, default=1024, help="sentences per Apertium batch"
+    )
     args = parser.parse_args()
     if args.quick:
         args.sentences, args.length = 24, 16
@@ -180,82 +282,47 @@ def main() -> None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="pairforge-bench-bt-") as tmp:
         work = Path(tmp)
         build(work, args.sentences)
-        from pairforge.pipeline.modelfiles import (
-            convert_ctranslate2,
-            resolve_translation_model,
-        )
-
-        ref = resolve_translation_model(str(work / "model"))
-        ct2_types = ["int8"] if device == "cpu" else ["int8_float16", "float16"]
-        conversions = {}
-        for ct in ct2_types:
-            start = time.perf_counter()
-            convert_ctranslate2(ref, ct, str(work / "ct2"))
-            conversions[ct] = time.perf_counter() - start
-        cases = [
-            (
-                "naive loop (transformers float32)",
-                CHILD_NAIVE,
-                [str(work), device, str(args.length), str(threads)],
-            )
-        ]
-        hf_types = ["float32"] if device == "cpu" else ["float32", "float16"]
-        for dt in hf_types:
-            cases.append(
-                (
-                    f"stage transformers {dt}",
-                    CHILD_STAGE,
-                    [
-                        str(work),
-                        "transformers",
-                        dt,
-                        device,
-                        str(args.length),
-                        str(threads),
-                        f"hf-{dt}",
-                    ],
-                )
-            )
-        for ct in ct2_types:
-            cases.append(
-                (
-                    f"stage ctranslate2 {ct}",
-                    CHILD_STAGE,
-                    [
-                        str(work),
-                        "ctranslate2",
-                        ct,
-                        device,
-                        str(args.length),
-                        str(threads),
-                        f"ct2-{ct}",
-                    ],
-                )
-            )
+        cases, conversions = [], {}
+        if "marian" in args.engines:
+            cases, conversions = marian_cases(work, device, args.length, threads)
+        if "apertium" in args.engines:
+            cases += apertium_cases(work, args.apertium_batch)
         results = {}
         for name, code, cargs in cases:
             results[name] = child(code, cargs)
             print(f"  {name}: {results[name]['seconds']:.1f}s", file=sys.stderr, flush=True)
-    naive = results["naive loop (transformers float32)"]
-    base_hf = results["stage transformers float32"]
+    load = (*load, *os.getloadavg())
+    naive = results.get("naive loop (transformers float32)")
+    base_hf = results.get("stage transformers float32")
     print(
-        f"\nbacktranslate benchmark: {args.sentences} sentences, en-de-en round trip, "
-        f"{args.length} output tokens per leg, opus-mt-en-de architecture (random weights), "
-        f"device {device}, {threads} threads"
+        f"\nbacktranslate benchmark: {args.sentences} Wikipedia sentences, one round trip per "
+        f"case; Marian rows: en-de-en, {args.length} output tokens per leg, opus-mt-en-de "
+        f"architecture (random weights); device {device}, {threads} threads; load average "
+        f"{load[0]:.2f} before, {load[3]:.2f} after (1 min)"
     )
-    print(f"{'case':38} {'seconds':>8} {'sent/s':>8} {'vs naive':>9} {'vs hf fp32':>11}")
+    print(
+        f"{'case':38} {'seconds':>8} {'sent/s':>8} {'peak MiB':>9} {'vs naive':>9} "
+        f"{'vs hf fp32':>11}"
+    )
     for name, r in results.items():
         rate = r["sentences"] / r["seconds"]
-        print(
-            f"{name:38} {r['seconds']:8.1f} {rate:8.2f} "
-            f"{naive['seconds'] / r['seconds']:8.2f}x {base_hf['seconds'] / r['seconds']:10.2f}x"
-        )
+        vs_naive = f"{naive['seconds'] / r['seconds']:8.2f}x" if naive else f"{'':9}"
+        vs_hf = f"{base_hf['seconds'] / r['seconds']:10.2f}x" if base_hf else ""
+        print(f"{name:38} {r['seconds']:8.1f} {rate:8.2f} {r['peak_mib']:9.0f} {vs_naive} {vs_hf}")
     for ct, seconds in conversions.items():
         print(f"(one-off CTranslate2 conversion to {ct}: {seconds:.1f}s, cached for later runs)")
-    if device == "cpu":
+    per_batch = results.get("stage apertium en-es-en, process/64")
+    if per_batch:
+        kept = results["stage apertium en-es-en"]
+        print(
+            f"apertium en-es-en: long-lived pipelines {per_batch['seconds'] / kept['seconds']:.2f}x "
+            "the speed of a pipeline process per batch of 64"
+        )
+    if device == "cpu" and naive and base_hf:
         ct = results["stage ctranslate2 int8"]
         ok_hf = base_hf["seconds"] / ct["seconds"] >= 1.8
         ok_naive = naive["seconds"] / ct["seconds"] >= 2.0
