@@ -21,6 +21,11 @@ model on the full 7 STS test sets. Rows (``ROWS``):
 - ``debcse``, ``denosent``, ``combined``: the objectives with mined positives, on the calibrated
   pairs, their demo-profile options.
 
+Positives (``--positives``): Apertium's real round trips, en-es-en for DebCSE and DenoSent,
+en-ca-en and en-eo-en as BSL's views (the ``apertium`` profile; the default, and it needs
+Debian's Apertium packages), or the demo's stand-in models (``standin``: what the earlier sittings'
+records were trained on). Each has its own pipeline folder and settings folder.
+
 Everything is kept under ``--out`` and resumes: the pipeline's stages skip finished datasets, a
 run whose ``scores.json`` exists is skipped, and the table is built from every ``scores.json``
 of the current settings (``runs/<settings>/``). Each run keeps its exported model. Each run's
@@ -336,10 +341,13 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """The demo profile with the Wikipedia corpus, its shard sizes and the evaluation swapped in
-    (as benchmarks/wiki_run.sh). ``--lines`` writes the first N lines under ``folder`` (a smoke
+    """The apertium profile (``--positives apertium``) or the demo's (``standin``) with the
+    Wikipedia corpus, its shard sizes and the evaluation swapped in (as benchmarks/wiki_run.sh). ``--lines`` writes the first N lines under ``folder`` (a smoke
     run); otherwise ingest reads the shared file where it is."""
-    p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    from pairforge.stages.profile import preset
+
+    # Positives: Apertium's real round trips (the apertium profile), or the demo's stand-ins.
+    p = preset("apertium" if getattr(args, "positives", "standin") == "apertium" else "demo")
     corpus = shared_data() / CORPUS
     if not corpus.exists():
         raise SystemExit(f"quality: the corpus {corpus} is missing; set PAIRFORGE_SHARED_DATA")
@@ -356,10 +364,16 @@ def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     return p
 
 
+def pipeline_folder(args: argparse.Namespace, out: Path) -> Path:
+    """The mining pipeline's folder: one per source of positives."""
+    positives = getattr(args, "positives", "standin")
+    return out / ("pipeline" if positives == "standin" else f"pipeline-{positives}")
+
+
 def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     """Mine once: the pipeline to ``mine``, then one pairs dataset per sampler and the peer's.
     Returns sampler -> pairs folder; the seconds of each step go to ``out/mining.json``."""
-    folder = out / "pipeline"
+    folder = pipeline_folder(args, out)
     folder.mkdir(parents=True, exist_ok=True)
     params = folder / "params.yaml"
     if not params.exists():
@@ -671,6 +685,8 @@ def settings_of(args) -> dict[str, Any]:
         settings["precision"] = args.precision
     if getattr(args, "start", START) != START:
         settings["start"] = args.start
+    if getattr(args, "positives", "standin") != "standin":
+        settings["positives"] = args.positives
     return settings
 
 
@@ -690,6 +706,8 @@ def settings_tag(args) -> str:
         tag += f"-lines{args.lines}"
     if getattr(args, "peer_seed", 0):
         tag += f"-peer{args.peer_seed}"
+    if getattr(args, "positives", "standin") != "standin":  # the earlier sittings' were stand-ins
+        tag += f"-{args.positives}"
     return tag
 
 
@@ -821,6 +839,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lines", type=int, default=None, help="first N corpus lines (smoke)")
     parser.add_argument("--peer-seed", type=int, default=0)
     parser.add_argument(
+        "--positives", default="apertium", choices=["apertium", "standin"],
+        help="where mined positives come from: Apertium's round trips (apt-get install apertium "
+        "apertium-eng-spa apertium-eng-cat apertium-eo-en) or the demo's stand-in models "
+        "(the earlier sittings' records; a settings folder of its own)",
+    )  # fmt: skip
+    parser.add_argument(
         "--remine", action="store_true", help="run every mining stage again (each resumes)"
     )
     parser.add_argument(
@@ -863,7 +887,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = out / "runs" / settings_tag(args)
     runs.mkdir(parents=True, exist_ok=True)
     records = Path(args.records).resolve() / settings_tag(args)  # made when first written
-    folder = out / "pipeline"
+    folder = pipeline_folder(args, out)
     if not args.table_only:
         t0 = time.perf_counter()
         pairs = mine(args, out)

@@ -215,7 +215,7 @@ CANDIDATES = SchemaSpec(
         "Positive candidates of a sentence (augmentations). `id` is the source sentence's id; "
         "`candidate_id` is BLAKE2b-64 hex over (id, route, model, decoding, noise, index) and "
         "unique in the dataset. `route` is e.g. `en-zh-en` or `llm`; `engine` `transformers`, "
-        "`ctranslate2` or `openai`; `model` the model ids joined by `+`; `decoding` a canonical "
+        "`ctranslate2`, `apertium` or `openai`; `model` the model ids joined by `+`; `decoding` a canonical "
         "string such as `greedy` or `sample(top_k=50,top_p=0.95,temperature=1.0)#2`. `noise` is "
         "`none`, `insert:<word>@<pos>[,...]` or `mask@<pos>[,...]`, and `noised_text` the text "
         "that was translated. `pivot` is the intermediate translation (null for one-step routes). "

@@ -14,7 +14,9 @@ dropout pairs), which the sampler does not need, and it can be rerun with other 
 settings without touching the training data. Outputs: ``<reports>/mining.md`` (summary table
 beside the paper's numbers), ``<reports>/mining_overlap.png`` and ``mining_cosine.png``
 (histograms), ``<plots>/mining_overlap.csv`` and ``mining_cosine.csv`` (the same as DVC plots
-data), and the metrics JSON.
+data), and the metrics JSON. Then each route's positive candidates, beside those of any other
+candidates datasets named (a stand-in run's): cosine and edit ratio to the sentence
+(``stages.report.positives``; a table in ``mining.md`` and ``<reports>/positives_by_route.png``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ from pairforge.pipeline.mining_inputs import encoder_info, load_vectors, open_em
 from pairforge.pipeline.models import model_label
 from pairforge.pipeline.shards import atomic_write_bytes, open_dataset
 from pairforge.stages.report import diagnostics as D
+from pairforge.stages.report import positives as P
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
 STAGE = "report"
 NLI_LABELS = {"entailment": "positive", "contradiction": "negative"}
+ROUTES_PNG = "positives_by_route.png"
 
 
 class ReportConfig(StageConfig):
@@ -61,8 +65,16 @@ class ReportConfig(StageConfig):
     max_pairs: int = Field(20000, ge=1, description="mined pairs per side, sampled")
     bins: int = Field(40, ge=5, description="histogram bins")
     read_anchors: int = Field(
-        10, ge=0, description="anchors shown with their pairs and scores, for a person to read"
+        20, ge=0, description="anchors shown with their pairs and scores, for a person to read"
     )
+    candidates: str = Field(
+        "data/candidates", description="positive candidates whose routes are measured"
+    )
+    compare_candidates: list[str] = Field(
+        default_factory=list,
+        description="other candidates datasets measured beside (e.g. a stand-in run's)",
+    )
+    route_pairs: int = Field(500, ge=1, description="clean round trips measured per route")
     seed: int = Field(0, description="sampling seed")
     device: str = Field("auto", description="auto, cpu or cuda")
     batch_size: int = Field(64, ge=1, description="texts per forward pass")
@@ -179,7 +191,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         raise PairforgeError(f"report: {cfg.pairs} holds no sampled pair to diagnose")
     texts, vectors, info = _corpus(cfg)
     simcse = {"negative": _random_pairs(texts, vectors, cfg.random_pairs, rng)}
-    encoder = _encoder(cfg, info) if cfg.simcse_pairs or nli_dir is not None else None
+    encoder = _encoder(cfg, info)  # the dropout, NLI and route pairs are encoded here
     if cfg.simcse_pairs:
         simcse["positive"] = _dropout_pairs(encoder, texts, cfg.simcse_pairs, rng)
     pairs["simcse"] = simcse
@@ -187,16 +199,24 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
     if nli_dir is not None:
         pairs["nli"], nli_counts = _nli_pairs(encoder, nli_dir, cfg, rng)
 
+    series = P.measure(
+        [cfg.candidates, *cfg.compare_candidates], encoder.encode, cfg.route_pairs, cfg.seed
+    )
+    routes = P.summary(series)
+    P.plot(series, Path(cfg.reports) / ROUTES_PNG, model_label(info.get("model")), cfg.bins)
+
     summary = D.summarise(pairs)
     reports = Path(cfg.reports)
     _write_figures(pairs, cfg, info)
     text = _report_text(cfg, summary, info, nli_dir, nli_status, nli_counts)
+    text += "\n" + P.markdown(routes, str(info.get("model")), cfg.route_pairs, ROUTES_PNG)
     reports.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(reports / "mining.md", text.encode())
     metrics = {
         "summary": summary,
         "paper_overlap": {k: list(v) for k, v in D.PAPER_OVERLAP.items()},
         "nli": {"status": nli_status, "split": cfg.nli_split, "pairs": nli_counts},
+        "positives_by_route": routes,
         "encoder": {k: info.get(k) for k in ("model", "pooling", "dim")},
         "seconds": round(time.monotonic() - t0, 3),
     }

@@ -245,6 +245,27 @@ def test_gpu_precision_and_another_start_record_apart_and_enter_the_records(tmp_
     assert quality.settings_of(tiny)["start"] == "/tmp/tiny-minilm"
 
 
+def test_apertium_positives_mine_and_record_apart_from_the_stand_ins(tmp_path, shared_data):
+    """The default positives are Apertium's (the apertium profile's routes and sample routes),
+    in a pipeline folder and a settings folder of their own; the stand-in sittings keep theirs."""
+    full = SimpleNamespace(steps=500, batch=64, lr=3e-5, eval_every=25, dev_pairs=None,
+                           test_pairs=None, lines=3, peer_seed=0, positives="apertium")  # fmt: skip
+    standin = SimpleNamespace(**{**vars(full), "positives": "standin"})
+    assert quality.settings_tag(full) == quality.settings_tag(standin) + "-apertium"
+    assert quality.settings_of(full)["positives"] == "apertium"
+    assert "positives" not in quality.settings_of(standin)
+    assert quality.pipeline_folder(full, tmp_path) == tmp_path / "pipeline-apertium"
+    assert quality.pipeline_folder(standin, tmp_path) == tmp_path / "pipeline"
+    params = quality.pipeline_params(full, tmp_path)
+    assert params["backtranslate"]["engine"] == "apertium"
+    assert [r["name"] for r in params["backtranslate"]["routes"]] == [
+        "en-es-en", "en-ca-en", "en-eo-en"
+    ]  # fmt: skip
+    assert params["sample"]["positive_route"] == "en-es-en"
+    assert params["ingest"]["root"] == "corpus"  # the 3-line smoke corpus under tmp_path
+    assert quality.pipeline_params(standin, tmp_path)["backtranslate"]["engine"] == "ctranslate2"
+
+
 def _plan_args(**kw):
     base = dict(rows=["simcse", "peer", "denosent", "combined", "band40_uniform"], seeds=[1, 2],
                 starts=["cls", "mean"], mean_rows=["simcse", "peer"], jobs=1)  # fmt: skip

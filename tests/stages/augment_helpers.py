@@ -140,6 +140,37 @@ def write_sentences(
     return path
 
 
+def write_candidates(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
+    """A complete one-shard ``candidates`` dataset of clean round trips ``(id, sentence,
+    candidate, route)``, with their identical flags and edit ratios."""
+    from pairforge.pipeline.candidate_quality import quality_signals
+
+    ids, sources, texts, routes = (list(c) for c in zip(*rows, strict=True))
+    identical, length_ratio, edit_ratio = quality_signals(sources, texts)
+    n = len(rows)
+    table = pa.table(
+        {
+            S.ID: pa.array(ids, pa.string()),
+            S.CANDIDATE_ID: pa.array([f"{i:016x}" for i in range(n)], pa.string()),
+            S.TEXT: pa.array(texts, pa.string()),
+            S.ROUTE: pa.array(routes, pa.string()),
+            S.ENGINE: pa.array(["test"] * n, pa.string()),
+            S.MODEL: pa.array(["test"] * n, pa.string()),
+            S.DECODING: pa.array(["greedy"] * n, pa.string()),
+            S.NOISE: pa.array(["none"] * n, pa.string()),
+            S.NOISED_TEXT: pa.array(sources, pa.string()),
+            S.PIVOT: pa.array([None] * n, pa.string()),
+            S.IDENTICAL: pa.array(identical, pa.bool_()),
+            S.LENGTH_RATIO: pa.array(length_ratio, pa.float32()),
+            S.EDIT_RATIO: pa.array(edit_ratio, pa.float32()),
+        }
+    )
+    writer = DatasetWriter(path, S.CANDIDATES, stage="test", params={}, fingerprint=f"test-{n}")
+    writer.write(0, table)
+    writer.finalize(1)
+    return path
+
+
 def write_params(path: Path, sections: dict) -> Path:
     path.write_text(yaml.safe_dump(sections, sort_keys=False))
     return path

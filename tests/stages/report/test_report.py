@@ -12,6 +12,7 @@ from pairforge.stages.embed.stage import run as embed
 from pairforge.stages.mine.stage import MineConfig
 from pairforge.stages.mine.stage import run as mine
 from pairforge.stages.report.diagnostics import csv_text, histograms, lexical_overlap
+from pairforge.stages.report.positives import measure, source_label
 from pairforge.stages.report.stage import ReportConfig, read_nli, run
 from pairforge.stages.sample.stage import SampleConfig
 from pairforge.stages.sample.stage import run as sample
@@ -112,6 +113,7 @@ def _cfg(root, **kw) -> ReportConfig:
         pairs=str(root / "data/pairs"),
         sentences=str(root / "data/sentences"),
         embeddings=str(root / "data/embeddings/sentences"),
+        candidates=str(root / "data/candidates"),
         reports=str(root / "reports"),
         plots=str(root / "plots"),
         metrics=str(root / "metrics/report.json"),
@@ -183,3 +185,48 @@ def test_report_shows_pairs_to_read(pipeline_project):
                 assert f"| {mark} | {text} | {p:.3f} | {c:.3f} | {e:.3f} |" in section
     run(_cfg(root, nli=None, simcse_pairs=0, read_anchors=0))
     assert "## A sample of pairs to read" not in (root / "reports/mining.md").read_text()
+
+
+def test_report_measures_each_routes_positives_beside_another_dataset(pipeline_project):
+    root = pipeline_project
+    candidates = open_dataset(root / "data/candidates", S.CANDIDATES).read_table().to_pylist()
+    clean = [r for r in candidates if r[S.NOISE] == "none"]
+    routes = sorted({r[S.ROUTE] for r in clean})
+    metrics = run(
+        _cfg(
+            root, nli=None, simcse_pairs=0, read_anchors=0, route_pairs=10 ** 6,
+            compare_candidates=[str(root / "data/candidates")],
+        )
+    )  # fmt: skip
+    table = metrics["positives_by_route"]
+    label = source_label(str(root / "data/candidates"))
+    assert list(table) == [f"{label} {r}" for r in routes] + [f"{label} {r}'" for r in routes]
+    for route in routes:
+        rows = [r for r in clean if r[S.ROUTE] == route]
+        row = table[f"{label} {route}"]
+        assert row["n"] == len(rows)
+        assert row["identical"] == pytest.approx(np.mean([r[S.IDENTICAL] for r in rows]), abs=1e-4)
+        edits = np.array([r[S.EDIT_RATIO] for r in rows], dtype=np.float64)
+        assert row["edit"]["p50"] == pytest.approx(np.quantile(edits, 0.5), abs=1e-4)
+        assert -1 <= row["cos"]["p10"] <= row["cos"]["p50"] <= row["cos"]["p90"] <= 1.0001
+        assert table[f"{label} {route}'"] == row  # the same dataset measured twice alike
+    md = (root / "reports/mining.md").read_text()
+    assert "## Positive candidates by route" in md and f"| {label} {routes[0]} |" in md
+    assert (root / "reports/positives_by_route.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_route_measures_by_hand(tmp_path):
+    """An identical round trip has cosine 1 and edit 0; an orthogonal one cosine 0."""
+    from tests.stages.augment_helpers import write_candidates
+
+    path = write_candidates(
+        tmp_path / "c",
+        [("s1", "alpha", "alpha", "r1"), ("s2", "beta", "gamma", "r1"), ("s3", "delta", "x", "r2")],
+    )
+    basis = {"alpha": [1, 0, 0], "beta": [0, 1, 0], "gamma": [0, 0, 1], "delta": [1, 0, 0]}
+    basis["x"] = [0.6, 0.8, 0]
+    series = measure([str(path)], lambda t: np.array([basis[x] for x in t], np.float32), 5, 0)
+    label = source_label(str(path))
+    np.testing.assert_allclose(series[f"{label} r1"]["cos"], [1.0, 0.0])
+    np.testing.assert_allclose(series[f"{label} r2"]["cos"], [0.6], atol=1e-6)
+    assert series[f"{label} r1"]["identical"] == 0.5
