@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,13 @@ from pairforge.pipeline.pools import normalize_text
 from pairforge.pipeline.shards import Dataset, open_dataset
 from pairforge.stages.sample.edits import PairScorer
 from pairforge.stages.sample.pairs import draw, gather, pick_route, ragged_list, score_pools
+from pairforge.stages.sample.selection import (
+    Selection,
+    positive_scores,
+    select,
+    simans_probs,
+    top_of_pools,
+)
 
 EDIT_INDEX = "edit_index"  # the positives table's row in the scorer's candidate encoding
 COS = "cos"
@@ -57,6 +64,15 @@ class DrawParams:
     lambda_p: float
     temperature: float
     ipw: str
+    negative_sampler: str
+    range_min: int
+    range_max: int | None
+    absolute_margin: float | None
+    relative_margin: float | None
+    positive_reference: str
+    positive_score: float
+    simans_a: float
+    simans_b: float
     identical: str
     short: str
     positive_route: str
@@ -91,8 +107,9 @@ def sample_shard(
     """
     rows = _checked_rows(pools, ids, shard)
     t0 = time.perf_counter()
-    neg = _draw_negatives(pools, rows, edits, cfg, shard, batch)
+    # Positives first: the negatives' ceiling reads their scores (each side has its own stream).
     pos = _draw_positives(positives, rows, edits, cfg, shard, batch)
+    neg = _draw_negatives(pools, rows, edits, cfg, shard, batch, pos)
     seconds = time.perf_counter() - t0
     columns = _pair_columns(pools, rows, texts, neg, pos)
     counts = _counts(len(rows), columns, neg, pos)
@@ -117,30 +134,68 @@ def _checked_rows(pools: pa.Table, ids: pa.Array, shard: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Negatives:
-    """A shard's scored negative pools and their draw: ``offsets`` (n + 1,) into the flat pool
-    candidates, ``cand_rows`` (N,) their corpus rows, ``edit`` (N,) their edit distances."""
+    """A shard's scored negative pools and their draw, over the candidates the selection rules
+    kept (``stages.sample.selection``): ``kept`` (N_kept,) their positions among the pools' flat
+    candidates, ``offsets`` (n + 1,) into the kept ones, ``cand_rows`` (N_kept,) their corpus
+    rows, ``edit`` (N_kept,) their edit distances; ``pool_total`` the candidates before the
+    rules, ``selection`` the rules' outcome."""
 
+    kept: np.ndarray
     offsets: np.ndarray
     cand_rows: np.ndarray
     edit: np.ndarray
     scores: Any  # pairs.score_pools
     drawn: Any  # pairs.draw
+    pool_total: int
+    selection: Selection
 
 
 def _draw_negatives(
-    pools: pa.Table, rows: np.ndarray, edits: PairScorer, cfg: DrawParams, shard: int, batch: int
+    pools: pa.Table,
+    rows: np.ndarray,
+    edits: PairScorer,
+    cfg: DrawParams,
+    shard: int,
+    batch: int,
+    pos: _Positives,
 ) -> _Negatives:
-    """Score every pool candidate (edit distance, cosine, P_neg: eqs. 1, 3-4), then draw ``m``
-    per anchor without replacement, seeded by (seed, shard, batch, 0)."""
+    """Narrow each pool by the rank window and the positive-aware ceiling, score what is left
+    (edit distance, cosine, P_neg: eqs. 1, 3-4), then draw ``m`` per anchor with the sampler:
+    without replacement, seeded by (seed, shard, batch, 0), or the top ``m``."""
     pool_rows = pools[S.POOL_ROWS].combine_chunks()
     n_off = pool_rows.offsets.to_numpy().astype(np.int64)
     n_off -= n_off[0]
-    cand_rows = pool_rows.flatten().to_numpy()
-    edit = edits.corpus(np.repeat(rows, np.diff(n_off)), cand_rows)  # (N,), pools grouped
-    cos = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    neg = score_pools(edit, cos, n_off, "negative", cfg.lambda_n, cfg.temperature, cfg.ipw)
-    neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
-    return _Negatives(n_off, cand_rows, edit, neg, neg_draw)
+    cos_all = pools[S.POOL_COS].combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    s_pos = positive_scores(pos.scores.cos, pos.offsets, cfg.positive_reference, cfg.positive_score)
+    sel = select(
+        cos_all,
+        n_off,
+        s_pos,
+        cfg.range_min,
+        cfg.range_max,
+        cfg.absolute_margin,
+        cfg.relative_margin,
+    )
+    kept = sel.kept
+    offsets = sel.offsets
+    cand_rows = pool_rows.flatten().to_numpy()[kept]
+    cos = cos_all[kept]
+    edit = edits.corpus(np.repeat(rows, np.diff(offsets)), cand_rows)  # (N_kept,), pools grouped
+    form = cfg.ipw if cfg.negative_sampler == "ipw" else "uniform"
+    neg = score_pools(edit, cos, offsets, "negative", cfg.lambda_n, cfg.temperature, form)
+    if cfg.negative_sampler == "top":
+        neg_draw = top_of_pools(cos, offsets, cfg.m)
+        chosen = np.zeros(cos.size)
+        chosen[neg_draw.indices] = 1.0
+        sizes = np.diff(neg_draw.offsets)
+        share = np.repeat(1.0 / np.maximum(sizes, 1), np.diff(offsets))  # (N_kept,)
+        neg = replace(neg, prob=chosen * share)
+    else:
+        if cfg.negative_sampler == "simans":
+            probs = simans_probs(cos, offsets, s_pos, cfg.simans_a, cfg.simans_b)
+            neg = replace(neg, prob=probs)
+        neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
+    return _Negatives(kept, offsets, cand_rows, edit, neg, neg_draw, int(n_off[-1]), sel)
 
 
 @dataclass(frozen=True)
@@ -207,7 +262,7 @@ def _pair_columns(
     ``identical_skipped`` (the single views are added by ``_add_single_views``)."""
     pos_t, pos_draw, neg_draw = pos.pool, pos.drawn, neg.drawn
     pos_picked = pa.array(pos_draw.indices)
-    picked = pa.array(neg_draw.indices)
+    picked = pa.array(neg.kept[neg_draw.indices])  # positions among the pools' candidates
     return {
         S.ID: pools[S.ID].combine_chunks(),
         S.TEXT: texts.array.take(pa.array(rows)),
@@ -251,7 +306,9 @@ def _counts(
     neg_draw, pos_draw = neg.drawn, pos.drawn
     return {
         "anchors": n,
-        "negative_candidates": int(neg.offsets[-1]),
+        "negative_candidates": neg.pool_total,
+        "negatives_outside_rank_window": neg.selection.outside_window,
+        "negatives_above_positive_ceiling": neg.selection.above_ceiling,
         "positive_candidates": int(pos.offsets[-1]),
         "negatives_sampled": len(neg_draw.indices),
         "positives_sampled": len(pos_draw.indices),

@@ -77,7 +77,7 @@ from pairforge.stages.sample.sampling import (
     open_positives,
     sample_shard,
 )
-from pydantic import Field
+from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
 
@@ -120,6 +120,38 @@ class SampleConfig(StageConfig):
         gt=0.0,
         description="paper: every softmax's temperature (1 = the paper); calibrated: tau",
     )
+    negative_sampler: Literal["ipw", "top", "simans"] = Field(
+        "ipw",
+        description="how negatives are drawn from what the rules keep: ipw (P from `ipw`), top "
+        "(the m most similar), simans (p ~ exp(-a (cos - s+ - b)^2); stages/sample/selection.py)",
+    )
+    range_min: int = Field(
+        0, ge=0, description="skip each pool's range_min most similar candidates (rank window)"
+    )
+    range_max: int | None = Field(
+        None, ge=1, description="keep only each pool's range_max most similar; null: all"
+    )
+    absolute_margin: float | None = Field(
+        None, ge=0.0, description="keep a negative only if cos <= s+ - absolute_margin; null: off"
+    )
+    relative_margin: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="keep a negative only if cos <= s+ * (1 - relative_margin) (0.05: NV-Retriever's "
+        "TopK-PercPos, 95% of the positive's score); null: off",
+    )
+    positive_reference: Literal["best", "fixed"] = Field(
+        "best",
+        description="s+ of the margins and SimANS: best (the cosine of the anchor's most similar "
+        "positive candidate; positive_score without one) or fixed (positive_score for every anchor: "
+        "dropout positives)",
+    )
+    positive_score: float = Field(
+        1.0, ge=-1.0, le=1.0, description="s+ where there is no positive candidate, or fixed"
+    )
+    simans_a: float = Field(1.0, gt=0.0, description="SimANS: a (the weights' sharpness)")
+    simans_b: float = Field(0.0, description="SimANS: b (shift of the peak from s+)")
     edit_kind: Literal["word", "char"] = Field(
         "word", description="edit distance unit: word or char"
     )
@@ -146,6 +178,14 @@ class SampleConfig(StageConfig):
     )
     corpus_name: str = Field("corpus", description="corpus name, for the dataset card")
     corpus_license: str = Field("unknown", description="licence of the corpus text, for the card")
+
+    @model_validator(mode="after")
+    def _window(self) -> SampleConfig:
+        if self.range_max is not None and self.range_max <= self.range_min:
+            raise ValueError(
+                f"range_max ({self.range_max}) must exceed range_min ({self.range_min})"
+            )
+        return self
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -512,7 +552,24 @@ def _metrics(
         },
         "params": {
             k: getattr(cfg, k)
-            for k in ("m", "m_positive", "lambda_n", "lambda_p", "ipw", "temperature", "seed")
+            for k in (
+                "m",
+                "m_positive",
+                "lambda_n",
+                "lambda_p",
+                "ipw",
+                "temperature",
+                "negative_sampler",
+                "range_min",
+                "range_max",
+                "absolute_margin",
+                "relative_margin",
+                "positive_reference",
+                "positive_score",
+                "simans_a",
+                "simans_b",
+                "seed",
+            )
         },
         "computed_shards": computed,
         "shards": len(inputs["pools"]),
@@ -547,6 +604,8 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
         "negatives_sampled",
         "positives_sampled",
         "negative_candidates",
+        "negatives_outside_rank_window",
+        "negatives_above_positive_ceiling",
         "positive_candidates",
         "short_negatives",
         "no_positive",

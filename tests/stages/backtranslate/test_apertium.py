@@ -306,3 +306,16 @@ def test_a_pair_that_is_not_installed_names_what_to_install(tmp_path):
     result = run_cli(["profile", "check", "params.yaml"], cwd=tmp_path)
     assert result.returncode == 2
     assert "backtranslate.routes.0.backward: 'apertium:spa-xxx': Apertium mode" in result.stderr
+
+
+@needs_apertium
+@pytest.mark.slow
+def test_dask_workers_write_the_bytes_of_the_in_process_run(tmp_path):
+    """Two Dask worker processes, each with its own long-lived pipelines, write what one
+    process writes."""
+    alone = project(tmp_path / "alone")
+    assert run_cli(["backtranslate", "--no-progress"], cwd=alone).returncode == 0
+    spread = project(tmp_path / "spread")
+    result = run_cli(["backtranslate", "--no-progress", "--workers", "2"], cwd=spread, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert snapshot(spread) == snapshot(alone)
