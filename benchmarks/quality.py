@@ -89,7 +89,27 @@ SAMPLERS = {
     "knn_calibrated": Sampler(_CAL, pools="knn"),
     "band40_uniform": Sampler(("--ipw", "uniform"), pools="band40"),
     "band40_calibrated": Sampler(_CAL, pools="band40"),
+    # Positive-aware negatives at the peer's depth (issue 27): dropout positives, so s+ = 1.
+    "knn_posaware": Sampler(
+        (*_CAL, "--relative-margin", "0.05", "--positive-reference", "fixed"), pools="knn"
+    ),
+    "knn_simans": Sampler(
+        (
+            "--negative-sampler",
+            "simans",
+            "--simans-a",
+            "10",
+            "--simans-b",
+            "-0.3",
+            "--positive-reference",
+            "fixed",
+        ),
+        pools="knn",
+    ),  # fmt: skip
 }
+# The peer's negatives: its defaults in these settings (``random``), and its recommended
+# ``sampling_strategy="top"`` with ``relative_margin=0.05``.
+PEERS = {"peer": ("random", None), "peer_top": ("top", 0.05)}
 PIPELINE = ("ingest", "standin", "backtranslate", "rewrite", "embed", "mine")
 
 
@@ -106,6 +126,9 @@ class Row:
 ROWS: dict[str, Row] = {
     "simcse": Row("simcse", "calibrated", "SimCSE (dropout positives, in-batch negatives)"),
     "peer": Row("simcse_hn", "peer", "+ negatives of ST mine_hard_negatives (random)"),
+    "peer_top": Row(
+        "simcse_hn", "peer_top", "+ negatives of ST mine_hard_negatives (top, relative_margin 0.05)"
+    ),
     "uniform": Row("simcse_hn", "uniform", "+ negatives of pairforge's band, uniform"),
     "ipw_paper": Row("simcse_hn", "paper", "+ negatives by IPW, the paper's equations"),
     "ipw_calibrated": Row("simcse_hn", "calibrated", "+ negatives by IPW, calibrated"),
@@ -123,6 +146,12 @@ ROWS: dict[str, Row] = {
     ),
     "band40_calibrated": Row(
         "simcse_hn", "band40_calibrated", "+ negatives of the band [0.4, 0.75], IPW calibrated"
+    ),
+    "knn_posaware": Row(
+        "simcse_hn", "knn_posaware", "+ negatives of the 64 nearest, IPW calibrated, below 0.95 s+"
+    ),
+    "knn_simans": Row(
+        "simcse_hn", "knn_simans", "+ negatives of the 64 nearest, SimANS (a 10, b -0.3)"
     ),
     "debcse": Row("debcse", "calibrated", "DebCSE (mined positives and negatives)"),
     "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),
@@ -358,6 +387,10 @@ def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         (folder / "corpus" / name).write_text("\n".join(lines) + "\n")
         root = "corpus"
     p["ingest"].update(root=root, inputs=[name], rows_per_shard=2000, chunk_rows=1000)
+    if getattr(args, "positives", "standin") != "standin":
+        # Equal terms with the peer, which embeds at its model's max_seq_length (MiniLM: 256).
+        # The stand-in sittings mined at the profile's 128 and keep it.
+        p["embed"]["max_length"] = 256
     p["sample"].update(
         corpus_name="SimCSE wiki1m (first 11,914 lines)", corpus_license="CC-BY-SA-3.0"
     )
@@ -381,7 +414,7 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     log = folder / "log.txt"
     timing_path = out / "mining.json"
     timing = json.loads(timing_path.read_text()) if timing_path.exists() else {}
-    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
+    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, *PEERS)}
     done = timing.get("complete") and not args.remine
     # The pairs the selected rows train on (a run folder may carry only those, e.g. to a GPU).
     needed = {ROWS[name].pairs for name in args.rows}
@@ -414,18 +447,29 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
             folder, log,
         )  # fmt: skip
         timing.setdefault(f"sample {sampler}", round(seconds, 1))
-    if not (pairs["peer"] / "_manifest.json").exists():
+    for name, (strategy, margin) in PEERS.items():
+        wanted = name == "peer" or name in needed  # the plots compare every sampler to "peer"
+        if not wanted or (pairs[name] / "_manifest.json").exists():
+            continue
         t0 = time.perf_counter()
-        peer_pairs(folder, pairs["uniform"], pairs["peer"], args.peer_seed)
-        timing["peer"] = round(time.perf_counter() - t0, 1)
+        peer_pairs(folder, pairs["uniform"], pairs[name], args.peer_seed, strategy, margin)
+        timing[name] = round(time.perf_counter() - t0, 1)
     write_json(timing_path, {**timing, "complete": True})
     return pairs
 
 
-def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
+def peer_pairs(
+    folder: Path,
+    template: Path,
+    output: Path,
+    seed: int,
+    strategy: str = "random",
+    relative_margin: float | None = None,
+) -> None:
     """sentence-transformers' ``mine_hard_negatives`` over the pipeline's sentences, with the
     settings of pairforge's ``mine``/``sample`` (same encoder as sentence-transformers loads it,
-    the k nearest neighbours, the cosine band, m negatives, ``sampling_strategy="random"``),
+    the k nearest neighbours, the cosine band, m negatives, ``sampling_strategy`` ``random`` or
+    ``top`` with its ``relative_margin`` to the positive, here the anchor itself),
     written as a ``pairs`` dataset: ``template``'s rows (the same anchors) with the negative
     columns replaced by the peer's, scored like pairforge's (cosine of the pipeline's
     embeddings, the same word-level normalised edit distance); ``prob``, ``s_sur``, ``s_sem``
@@ -457,7 +501,8 @@ def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
         min_score=low,
         max_score=high,
         num_negatives=m,
-        sampling_strategy="random",
+        sampling_strategy=strategy,
+        relative_margin=relative_margin,
         output_format="n-tuple",
         use_faiss=True,
         batch_size=128,
@@ -472,8 +517,10 @@ def peer_pairs(folder: Path, template: Path, output: Path, seed: int) -> None:
     writer = DatasetWriter(
         output, S.PAIRS, stage="quality-peer",
         params={"k": k, "band_low": low, "band_high": high, "m": m, "seed": seed,
-                "sampling_strategy": "random", "miner": "sentence_transformers.mine_hard_negatives"},
-        fingerprint=f"peer-{k}-{low}-{high}-{m}-{seed}-{source.manifest.get('fingerprint')}",
+                "sampling_strategy": strategy, "relative_margin": relative_margin,
+                "miner": "sentence_transformers.mine_hard_negatives"},
+        fingerprint=f"peer-{k}-{low}-{high}-{m}-{seed}-{strategy}-{relative_margin}-"
+        f"{source.manifest.get('fingerprint')}",
     )  # fmt: skip
     for i in range(len(source)):
         table = source.read_shard(i)
@@ -896,7 +943,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         pipeline = yaml.safe_load((folder / "params.yaml").read_text())
         run_all(runs, records, pairs, pipeline, args)
-    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, "peer")}
+    pairs = {name: folder / f"data/pairs-{name}" for name in (*SAMPLERS, *PEERS)}
     base_path = records / "untrained.json"
     base = json.loads(base_path.read_text()) if base_path.exists() else {}
     finished = load_records(runs, records)

@@ -263,7 +263,11 @@ def test_apertium_positives_mine_and_record_apart_from_the_stand_ins(tmp_path, s
     ]  # fmt: skip
     assert params["sample"]["positive_route"] == "en-es-en"
     assert params["ingest"]["root"] == "corpus"  # the 3-line smoke corpus under tmp_path
-    assert quality.pipeline_params(standin, tmp_path)["backtranslate"]["engine"] == "ctranslate2"
+    assert params["embed"]["max_length"] == 256  # the peer's max_seq_length
+    old = quality.pipeline_params(standin, tmp_path)
+    assert old["backtranslate"]["engine"] == "ctranslate2" and old["embed"]["max_length"] == 128
+    assert {"peer_top", "knn_posaware", "knn_simans"} <= set(quality.ROWS)
+    assert quality.PEERS["peer_top"] == ("top", 0.05)
 
 
 def _plan_args(**kw):
