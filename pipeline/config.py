@@ -230,6 +230,5 @@ def check_model_specs(
             raise ConfigError(f"{key}: {spec!r}: {problem}")
         raise ConfigError(
             f"{key}: {spec!r}: {problem}; "
-            "set it to a model folder, a hub id (name or org/name), package:<module> or "
-            "(translation) apertium:<mode>"
+            "set it to a model folder, a hub id (name or org/name) or package:<module>"
         )

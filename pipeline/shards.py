@@ -31,6 +31,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import threading
@@ -455,11 +456,44 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         error.path = str(path)  # the CLI names the stage that writes it (pipeline/cli_options.py)
         raise error
     try:
-        return json.loads(manifest.read_text())
+        data = json.loads(manifest.read_text())
     except json.JSONDecodeError as exc:
         raise DataIntegrityError(
             f"dataset {str(path)!r}: unreadable _manifest.json: {exc}"
         ) from None
+    shards = data.get("shards", []) if isinstance(data, dict) else []
+    beside = data.get("format_version") == 1  # format 1 kept its shards beside the manifest
+    for shard in shards:
+        problem = shard_path_problem(shard.get("file") if isinstance(shard, dict) else None, beside)
+        if problem:
+            raise DataIntegrityError(
+                f"dataset {str(path)!r}: refused: its manifest names shard "
+                f"{shard.get('file') if isinstance(shard, dict) else shard!r}, {problem} (a "
+                "dataset's manifest may name only files in its own data/ folder)"
+            )
+    return data
+
+
+_SHARD_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
+_SHARD_FILE_BESIDE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
+
+
+def shard_path_problem(file: Any, beside: bool = False) -> str | None:
+    """Why a manifest's shard path is refused, or None: it must be ``data/<name>.parquet``, a
+    plain name in the dataset's own data folder (not absolute, no ``..``, no other folder), so
+    that a dataset received from elsewhere cannot make a stage read outside it. ``beside``: a
+    format-1 manifest, whose shards sit beside it (``<name>.parquet``)."""
+    if not isinstance(file, str):
+        return "which is not a path"
+    if file.startswith("/") or re.match(r"^[A-Za-z]:", file):
+        return "an absolute path"
+    if "\\" in file:
+        return "a path with a backslash"
+    if ".." in file.split("/"):
+        return "a path that leaves the dataset"
+    if not (_SHARD_FILE.match(file) or beside and _SHARD_FILE_BESIDE.match(file)):
+        return "not a Parquet file directly in its data/ folder"
+    return None
 
 
 # Shards this process has checked against their manifest, by file identity: a shard is hashed

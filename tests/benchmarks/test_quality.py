@@ -146,11 +146,11 @@ def test_markdown_lists_every_row_with_its_spread(records):
 
 
 def test_every_row_names_a_sampler_and_every_sampler_a_pools_variant():
-    """The variants are declared once: each row's pairs are a sampler's (or the peer's), each
+    """The variants are declared once: each row's pairs are a sampler's (or a peer's), each
     sampler mines from a declared pools variant, and each calibrated row is judged against the
     uniform draw from its own pools."""
     for name, row in quality.ROWS.items():
-        assert row.pairs in (*quality.SAMPLERS, "peer"), name
+        assert row.pairs in (*quality.SAMPLERS, *quality.PEERS), name
     for name, spec in quality.SAMPLERS.items():
         assert spec.pools in quality.POOLS, name
         assert "--output" not in spec.options and "--pools" not in spec.options, name

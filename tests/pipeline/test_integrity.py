@@ -308,3 +308,49 @@ def test_format_1_layout_is_still_read_and_rewritten_in_the_new_one(tmp_path):
     manifest = write(folder, S.SENTENCES, shards=1, fingerprint="new code")
     assert sorted(p.name for p in folder.iterdir()) == ["_manifest.json", "data"]
     assert manifest["format_version"] == 2 and verify_dataset(folder).ok
+
+
+@pytest.mark.parametrize(
+    ("file", "why"),
+    [
+        ("../victim/secret.parquet", "a path that leaves the dataset"),
+        ("data/../../victim/secret.parquet", "a path that leaves the dataset"),
+        ("/tmp/victim/secret.parquet", "an absolute path"),
+        ("C:/victim/secret.parquet", "an absolute path"),
+        ("data\\..\\..\\secret.parquet", "a path with a backslash"),
+        ("other/part-00000.parquet", "not a Parquet file directly in its data/ folder"),
+        ("data/sub/part-00000.parquet", "not a Parquet file directly in its data/ folder"),
+        (7, "which is not a path"),
+    ],
+)
+def test_a_manifest_naming_a_file_outside_its_data_folder_is_refused(tmp_path, file, why):
+    """A copy of a dataset whose manifest names a file beside it (with that shard's very bytes,
+    so every checksum agrees) passes neither `pairforge verify` nor any read."""
+    folder = tmp_path / "sentences"
+    write(folder, S.SENTENCES)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret.parquet").write_bytes((folder / "data/part-00000.parquet").read_bytes())
+    manifest = json.loads((folder / "_manifest.json").read_text())
+    manifest["shards"][0]["file"] = file
+    (folder / "_manifest.json").write_text(json.dumps(manifest))
+    expected = (
+        f"dataset {str(folder)!r}: refused: its manifest names shard {file!r}, {why} (a "
+        "dataset's manifest may name only files in its own data/ folder)"
+    )
+    with pytest.raises(shards_module.DataIntegrityError) as exc:
+        open_dataset(folder, S.SENTENCES)
+    assert str(exc.value) == expected
+    report = verify_dataset(folder)
+    assert not report.ok and report.problems == [expected]
+
+
+def test_the_verify_command_refuses_a_manifest_pointing_outside(tmp_path):
+    write(tmp_path / "sentences", S.SENTENCES)
+    manifest = json.loads((tmp_path / "sentences/_manifest.json").read_text())
+    manifest["shards"][1]["file"] = "../victim/secret.parquet"
+    (tmp_path / "sentences/_manifest.json").write_text(json.dumps(manifest))
+    result = run_cli(["verify", "sentences"], cwd=tmp_path)
+    assert result.returncode == 1
+    assert "sentences: FAILED: 1 problem(s)" in result.stdout
+    assert "refused: its manifest names shard '../victim/secret.parquet'" in result.stdout
