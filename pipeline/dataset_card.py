@@ -195,8 +195,38 @@ def _how_mined_section(
    {_ipw_words(params)}. `<side>_entropy` = H(P) / log(pool size): 1 is uniform sampling.
 5. **Sampling**: m = {params.get("m")} negatives and {params.get("m_positive") or params.get("m")}
    positives per anchor without replacement, seed {params.get("seed")}; rows short of negatives:
-   `{params.get("short")}`.
+   `{params.get("short")}`. {_selection_words(params)}
 """
+
+
+def _selection_words(params: dict[str, Any]) -> str:
+    """Which pool candidates could be drawn as negatives, and by which sampler."""
+    rules = []
+    low, high = params.get("range_min") or 0, params.get("range_max")
+    if low or high is not None:
+        rules.append(f"ranks {low} to {'the last' if high is None else high - 1} by cosine")
+    ceiling = []
+    if params.get("absolute_margin") is not None:
+        ceiling.append(f"cos <= s+ - {params['absolute_margin']}")
+    if params.get("relative_margin") is not None:
+        ceiling.append(f"cos <= s+ x (1 - {params['relative_margin']})")
+    if ceiling:
+        ref = (
+            f"s+ = {params.get('positive_score')}"
+            if params.get("positive_reference") == "fixed"
+            else "s+ = the cosine of the anchor's best positive candidate "
+            f"({params.get('positive_score')} without one)"
+        )
+        rules.append(" and ".join(ceiling) + f", {ref}")
+    sampler = params.get("negative_sampler", "ipw")
+    how = {
+        "ipw": "by P_neg",
+        "top": "the most similar first (no randomness)",
+        "simans": f"by SimANS, p ~ exp(-{params.get('simans_a')} (cos - s+ - "
+        f"({params.get('simans_b')}))^2)",
+    }.get(sampler, sampler)
+    kept = "; ".join(rules) if rules else "every pool candidate"
+    return f"Negatives drawn {how} from {kept} (removals in the counts below)."
 
 
 def _counts_section(counts: dict[str, Any]) -> str:

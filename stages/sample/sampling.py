@@ -487,7 +487,13 @@ def _read_source(
         log.warning(
             "sample: %d %s belong to no sentence (stale %s?)", orphans, source.name, source.path
         )
+    made_by = candidates.manifest.get("engine")
+    engine = made_by.get("engine") if isinstance(made_by, dict) else made_by
+    if candidates.manifest.get("standin"):
+        engine = "stand-in"
     facts = {"status": "used", "rows": candidates.num_rows, "orphans": orphans}
+    if engine:
+        facts["engine"] = engine
     return parts, facts, candidates, cand_emb
 
 

@@ -624,7 +624,9 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
         "sentences": sentences.num_rows,
         "inputs": [str(x) for x in ingest.get("inputs", [])],
         "augmentations": "; ".join(
-            f"{facts.get('rows', 0):,} {name} ({facts.get('status')})"
+            f"{facts.get('rows', 0):,} {name} ({facts.get('status')}"
+            + (f", engine {facts['engine']}" if facts.get("engine") else "")
+            + ")"
             for name, facts in pos_facts.items()
         ),
     }

@@ -434,6 +434,12 @@ def test_four_readers_and_the_card(sampled):
     ):
         assert heading in card
     assert "CC0-1.0" in card and "test corpus" in card
+    flat = " ".join(card.split())
+    assert "Negatives drawn by P_neg from every pool candidate" in flat
+    made = open_dataset(root / "data/candidates", S.CANDIDATES).manifest
+    engine = "stand-in" if made.get("standin") else (made.get("engine") or {}).get("engine")
+    # The fixture's candidates name no engine; a stage's name theirs (test_selection.py).
+    assert engine is None and "candidates (used)" in flat
     assert f"| negatives_sampled | {metrics['counts']['negatives_sampled']:,} |" in card
     assert "| negative_prob |" in card
 

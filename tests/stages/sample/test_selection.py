@@ -3,6 +3,8 @@ by hand on ragged pools, then in the stage on the mined fixture project."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow.compute as pc
 import pytest
@@ -86,6 +88,11 @@ def test_the_stage_applies_the_rules_counts_their_removals_and_samples_top(
     tmp_path,
 ):
     root = copy_project(mined, tmp_path / "a")
+    # The candidates as an Apertium run's manifest records them (the card names the engine).
+    manifest_path = root / "data/candidates/_manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["engine"] = {"engine": "apertium", "compute_type": "rules"}
+    manifest_path.write_text(json.dumps(manifest))
     metrics = run(
         _cfg(root, relative_margin=0.3, positive_reference="fixed", positive_score=0.8,
              range_max=6, negative_sampler="top", m=2),
@@ -117,6 +124,11 @@ def test_the_stage_applies_the_rules_counts_their_removals_and_samples_top(
     assert metrics["params"]["negative_sampler"] == "top"
     card = (root / "data/pairs/README.md").read_text()
     assert "negatives_above_positive_ceiling" in card and f"{above:,}" in card
+    assert "candidates (used, engine apertium)" in " ".join(card.split())
+    assert (
+        "Negatives drawn the most similar first (no randomness) from ranks 0 to 5 by cosine; "
+        "cos <= s+ x (1 - 0.3), s+ = 0.8 (removals in the counts below)."
+    ) in " ".join(card.split())
 
 
 def _best_positive(root) -> dict[str, float]:
