@@ -9,6 +9,7 @@ default: the params.yaml key), so the command itself is its docstring and a few 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import inspect
 import logging
@@ -118,6 +119,11 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except PairforgeError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            typer.echo(f"error: {disk_full_message(exc)}", err=True)
+            raise typer.Exit(1) from None
         finally:
             # Writers a failed command left open (the process may go on, as under CliRunner).
             from pairforge.pipeline.locks import release_all
@@ -125,6 +131,29 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             release_all()
 
     return wrapper
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device is full (errno ENOSPC, or Arrow's message for it)."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or "No space left on device" in str(exc)
+
+
+def disk_full_message(exc: OSError) -> str:
+    """One line naming the dataset and the file a full disk stopped. Writes go to temporary
+    names first, so nothing half-written is ever read, and the finished shards are kept."""
+    file = str(exc.filename or "")
+    # A dataset's files sit in its data/ or _progress/ folder, or in its _work/ (a stage's
+    # scratch datasets), whose owner is the dataset to name.
+    parents = list(Path(file).parents) if file else []
+    inner = next((p for p in reversed(parents) if p.name == "_work"), None) or next(
+        (p for p in parents if p.name in ("data", "_progress")), None
+    )
+    where = f" writing {file}" if file else ""
+    of = f" (dataset {str(inner.parent)!r})" if file and inner is not None else ""
+    return (
+        f"no space left on the device{where}{of}; free some space and run the command again: "
+        "finished shards are kept and nothing half-written is read"
+    )
 
 
 # --- a stage's command, generated from its config ---------------------------------------------

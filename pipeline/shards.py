@@ -27,6 +27,8 @@ whose fingerprint (stage, params, inputs, code) differs from the folder's starts
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import hashlib
 import json
@@ -108,12 +110,28 @@ def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True
     survives a killed process, which is all that scratch data needs.
     """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as fh:
+    with _named_on_failure(path, tmp), open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
         if durable:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _named_on_failure(path: Path, tmp: Path) -> Iterator[None]:
+    """Remove the temporary ``tmp`` of a write that failed, and give an error without a file
+    name (a full disk on write or close) the name of the file being written, ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+        if exc.errno is None and "No space left on device" in str(exc):  # Arrow's IOError
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+        raise
 
 
 def remove_dead_temporaries(path: Path) -> int:
@@ -231,10 +249,11 @@ def write_shard(
         fast = xxhash.xxh3_128(memoryview(data)).hexdigest()
     else:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
-        if durable:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+        with _named_on_failure(final, tmp):
+            pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
+            if durable:
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
         os.replace(tmp, final)
         sha256, fast, size = file_checksums(final)
     info = ShardInfo(

@@ -200,3 +200,24 @@ def test_a_body_parameter_that_is_no_option_is_refused_at_import():
 
     with pytest.raises(TypeError, match="option names for fields it lacks"):
         stage_command("tiny", Tiny, names={"sise": ("--sise",)})(lambda cfg: None)
+
+
+def test_a_full_disk_names_the_dataset_and_the_file():
+    import errno
+
+    from pairforge.pipeline.cli_options import disk_full, disk_full_message
+
+    def msg(file):
+        return disk_full_message(OSError(errno.ENOSPC, "No space left on device", file))
+
+    assert msg("out/pairs/data/part-00003.parquet").startswith(
+        "no space left on the device writing out/pairs/data/part-00003.parquet "
+        "(dataset 'out/pairs'); free some space"
+    )
+    assert "(dataset 'data/sentences')" in msg("data/sentences/_work/clean/_progress/p.json")
+    assert "(dataset 'd/x')" in msg("d/x/_progress/part-00000.json")
+    assert msg("metrics/ingest.json").startswith(
+        "no space left on the device writing metrics/ingest.json; free"
+    )
+    assert disk_full(OSError("IOError: No space left on device. Detail: [errno 28]"))
+    assert not disk_full(OSError(errno.EACCES, "Permission denied", "x"))
