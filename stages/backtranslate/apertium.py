@@ -234,7 +234,8 @@ class ApertiumPipeline:
         writer.join(timeout=STALL_SECONDS)
         blocks = bytes(buffer).split(b"\0")
         if len(blocks) - 1 < n:
-            proc.wait(timeout=10) if proc.poll() is None and not self.persistent else None
+            if not self.persistent and proc.poll() is None:
+                proc.wait(timeout=10)  # its exit status belongs in the message
             raise ApertiumError(
                 f"apertium {self.mode_path.stem}: {len(blocks) - 1} of {n} blocks came back "
                 f"(exit {proc.poll()}): {self._error_text() or (failure[0] if failure else '')}"
