@@ -67,13 +67,8 @@ cfg = BacktranslateConfig(
     routes=[{"name": "en-de-en", "forward": f"{work}/model", "backward": f"{work}/model"}],
     noise={"copies": 0},
 )
-start = time.perf_counter()
-metrics = run(cfg, LocalExecutor(), progress=False)
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "sentences": metrics["sentences_in"],
-                  "candidates": metrics["candidates_out"],
-                  "translated": metrics["translations"]["performed"]}))
 """
+
 
 CHILD_APERTIUM = r"""
 import json, sys, time
@@ -88,6 +83,10 @@ cfg = BacktranslateConfig(
     plot=f"{work}/out-{name}.png", cache=None, engine="apertium", max_batch_sentences=int(batch),
     routes=[{"name": route, "forward": forward, "backward": backward}], noise={"copies": 0},
 )
+"""
+
+# The stage's run, timed from the start of ``run``, after a case's ``cfg`` is built.
+TIMED_RUN = r"""
 start = time.perf_counter()
 metrics = run(cfg, LocalExecutor(), progress=False)
 seconds = time.perf_counter() - start
@@ -95,6 +94,8 @@ print(json.dumps({"seconds": seconds, "sentences": metrics["sentences_in"],
                   "candidates": metrics["candidates_out"],
                   "translated": metrics["translations"]["performed"]}))
 """
+CHILD_STAGE += TIMED_RUN
+CHILD_APERTIUM += TIMED_RUN
 APERTIUM_ROUTES = {
     "en-es-en": ("apertium:eng-spa", "apertium:spa-eng"),
     "en-ca-en": ("apertium:eng-cat", "apertium:cat-eng"),

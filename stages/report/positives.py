@@ -26,10 +26,9 @@ QUANTILES = (0.1, 0.5, 0.9)
 def source_label(path: str) -> str:
     """What made a candidates dataset: its engine, ``stand-in`` when its manifest says so."""
     manifest = json.loads((Path(path) / "_manifest.json").read_text())
-    extra = manifest.get("extra", manifest)
-    if extra.get("standin"):
+    if manifest.get("standin"):
         return "stand-in"
-    return str((extra.get("engine") or {}).get("engine", "unknown"))
+    return str((manifest.get("engine") or {}).get("engine", "unknown"))
 
 
 def route_samples(path: str, n: int, seed: int) -> dict[str, dict[str, Any]]:

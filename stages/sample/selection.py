@@ -28,19 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 from pairforge.stages.sample.ipw import PoolSample, segment_ids
 
-SAMPLERS = ("ipw", "top", "simans")
-REFERENCES = ("best", "fixed")
-
 
 @dataclass(frozen=True)
 class Selection:
     """What the rules kept of ragged pools: ``keep`` (N,) bool over the flat candidates, the
-    kept ones' ``offsets`` (b + 1,), each anchor's positive score ``s_pos`` (b,) and the
-    removals per rule."""
+    kept ones' ``offsets`` (b + 1,) and the removals per rule."""
 
     keep: np.ndarray
     offsets: np.ndarray
-    s_pos: np.ndarray
     outside_window: int
     above_ceiling: int
 
@@ -88,12 +83,14 @@ def select(
     cos = np.asarray(cos, dtype=np.float64)
     offsets = np.asarray(offsets, dtype=np.int64)
     seg = segment_ids(offsets)
-    ranks = pool_ranks(cos, offsets)
-    window = ranks >= range_min
-    if range_max is not None:
-        window &= ranks < range_max
+    window = np.ones(cos.size, dtype=bool)
+    if range_min or range_max is not None:  # ranks cost a sort: only when a window is set
+        ranks = pool_ranks(cos, offsets)
+        window = ranks >= range_min
+        if range_max is not None:
+            window &= ranks < range_max
     ceiling = np.full(cos.size, np.inf)
-    ref = s_pos[seg] if cos.size else np.empty(0)
+    ref = np.asarray(s_pos, dtype=np.float64)[seg]  # (N,) each candidate's anchor's s+
     if absolute_margin is not None:
         ceiling = np.minimum(ceiling, ref - absolute_margin)
     if relative_margin is not None:
@@ -105,7 +102,6 @@ def select(
     return Selection(
         keep=keep,
         offsets=new_offsets,
-        s_pos=np.asarray(s_pos, dtype=np.float64),
         outside_window=int((~window).sum()),
         above_ceiling=int((window & ~under).sum()),
     )
