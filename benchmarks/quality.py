@@ -87,6 +87,9 @@ SAMPLERS = {
     "calibrated": Sampler(_CAL),
     # Variants of the negatives, each one change from the above (docs/quality.md, "variants"):
     "calibrated_l2": Sampler((*_CAL, "--lambda-n", "0.2")),  # surface first: λn 0.2
+    # The calibrated IPW's τ, chosen on dev (docs/mine.md defers it here): sharper, flatter.
+    "calibrated_t025": Sampler(("--ipw", "calibrated", "--temperature", "0.25")),
+    "calibrated_t1": Sampler(("--ipw", "calibrated", "--temperature", "1.0")),
     "knn_uniform": Sampler(("--ipw", "uniform"), pools="knn"),
     "knn_calibrated": Sampler(_CAL, pools="knn"),
     "band40_uniform": Sampler(("--ipw", "uniform"), pools="band40"),
@@ -137,6 +140,10 @@ ROWS: dict[str, Row] = {
     "ipw_calibrated_l2": Row(
         "simcse_hn", "calibrated_l2", "+ negatives by IPW, calibrated, λn 0.2"
     ),
+    "ipw_calibrated_t025": Row(
+        "simcse_hn", "calibrated_t025", "+ negatives by IPW, calibrated, τ 0.25"
+    ),
+    "ipw_calibrated_t1": Row("simcse_hn", "calibrated_t1", "+ negatives by IPW, calibrated, τ 1"),
     "knn_uniform": Row(
         "simcse_hn", "knn_uniform", "+ negatives of the 64 nearest in the band, uniform"
     ),
