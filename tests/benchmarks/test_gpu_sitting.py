@@ -1,0 +1,160 @@
+"""The GPU sitting's preparation (benchmarks/gpu_sitting.py) on the CPU: the archive split into
+parts that fit a device call, received and joined as the device does, checked byte for byte; the
+deadline that keeps finished runs; records brought back only where they belong. No training and
+no device here: the quality driver's own tests cover its runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "gpu_sitting", Path(__file__).resolve().parents[2] / "benchmarks/gpu_sitting.py"
+)
+sitting = importlib.util.module_from_spec(SPEC)
+sys.modules[SPEC.name] = sitting
+SPEC.loader.exec_module(sitting)
+
+
+@pytest.fixture
+def mined(tmp_path) -> Path:
+    """A quality run folder as ``--mine-only`` leaves it (Apertium positives), small."""
+    out = tmp_path / "quality"
+    pipeline = out / "pipeline-apertium"
+    for name in ("calibrated", "peer"):
+        pairs = pipeline / f"data/pairs-{name}"
+        (pairs / "data").mkdir(parents=True)
+        (pairs / "_manifest.json").write_text(json.dumps({"name": name}))
+        (pairs / "data/part-00000.parquet").write_bytes(bytes(range(256)) * 300)
+    (pipeline / "params.yaml").write_text("train: {}\nevaluate: {}\n")
+    (out / "mining.json").write_text(json.dumps({"complete": True}))
+    return out
+
+
+@pytest.fixture
+def package(tmp_path) -> Path:
+    """A start encoder's package: random bytes (incompressible), so the archive needs parts."""
+    pkg = tmp_path / "site-packages" / "tiny_encoder"
+    (pkg / "model").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("def get_model_path(): ...\n")
+    (pkg / "model/model.safetensors").write_bytes(__import__("os").urandom(300_000))
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__/x.pyc").write_bytes(b"bytecode")
+    return pkg
+
+
+@pytest.fixture
+def shared(tmp_path) -> Path:
+    root = tmp_path / "shared"
+    (root / "sts").mkdir(parents=True)
+    (root / "sts/stsb.tsv").write_text("a\tb\t1.0\n" * 100)
+    return root
+
+
+def pack(mined, package, shared, into, rows=("simcse", "peer"), part_mib=0.1):
+    return sitting.pack(mined, list(rows), [1, 2], ["cls"], "apertium", into, part_mib,
+                        wheels=[], package=package, shared=shared)  # fmt: skip
+
+
+def test_parts_fit_and_join_to_the_same_bytes(mined, package, shared, tmp_path):
+    into, home = tmp_path / "sitting", tmp_path / "device"
+    manifest = pack(mined, package, shared, into)
+    parts = manifest["parts"]
+    assert len(parts) >= 3  # 300 KB of random bytes in parts of 0.1 MiB
+    assert all(p["bytes"] <= 0.1 * sitting.MIB for p in parts)
+    assert manifest["settings"] == "s500-b64-lr3e-05-e25-devall-testall-bf16-apertium"
+    # The device receives each part in its own call, in any order.
+    for part in reversed(parts):
+        sitting.receive(into / f"part-{part['part']}", home)
+    tree = sitting.assemble(home)
+    model = tree / "site/tiny_encoder/model/model.safetensors"
+    assert model.read_bytes() == (package / "model/model.safetensors").read_bytes()
+    assert not (tree / "site/tiny_encoder/__pycache__").exists()  # bytecode stays behind
+    for name in ("calibrated", "peer"):  # the rows' pairs: simcse's and the peer's
+        assert (tree / f"run/pipeline-apertium/data/pairs-{name}/_manifest.json").exists()
+    assert (tree / "run/mining.json").exists() and (tree / "shared/sts/stsb.tsv").exists()
+
+
+def test_a_missing_or_damaged_part_is_a_clear_error(mined, package, shared, tmp_path):
+    into, home = tmp_path / "sitting", tmp_path / "device"
+    manifest = pack(mined, package, shared, into)
+    sitting.receive(into / "part-1", home)
+    with pytest.raises(SystemExit, match=r"parts \[2, 3"):
+        sitting.assemble(home)
+    damaged = into / "part-2" / "chunk"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    with pytest.raises(SystemExit, match="does not match any part"):
+        sitting.receive(into / "part-2", home)
+    # A chunk kept from another sitting is dropped when a new sitting's part arrives.
+    (home / "chunk-9").write_bytes(b"old")
+    other = dict(manifest, archive_sha256="0" * 64)
+    (home / "sitting.json").write_text(json.dumps(other))
+    sitting.receive(into / "part-1", home)
+    assert sorted(p.name for p in home.glob("chunk-*")) == ["chunk-1"]
+
+
+def test_pack_needs_the_rows_pairs_mined_first(mined, package, shared, tmp_path):
+    with pytest.raises(SystemExit, match="mine first.*missing pairs: knn_posaware"):
+        pack(mined, package, shared, tmp_path / "s", rows=("simcse", "knn_posaware"))
+
+
+def test_the_device_calls_carry_one_part_each_and_the_last_runs(mined, package, shared, tmp_path):
+    into = sitting.ROOT / ".sitting-test"
+    try:
+        manifest = pack(mined, package, shared, into)
+        calls = sitting.device_calls(manifest, into, budget=500)
+    finally:
+        import shutil
+
+        shutil.rmtree(into, ignore_errors=True)
+    assert [c["carry"] for c in calls] == [
+        [f".sitting-test/part-{p['part']}"] for p in manifest["parts"]
+    ]
+    assert all("receive .sitting-test/part-" in c["command"] for c in calls)
+    assert all("run" not in c["command"].split("&&")[-1] for c in calls[:-1])
+    assert calls[-1]["command"].endswith("gpu_sitting.py run --budget 500")
+    assert calls[-1]["timeout_s"] == 600 and all(len(c["command"]) <= 2000 for c in calls)
+
+
+def test_the_deadline_ends_what_is_still_running_and_keeps_what_finished(tmp_path):
+    done = tmp_path / "done.txt"
+    cmds = {
+        "quick": [sys.executable, "-c", f"open({str(done)!r}, 'w').write('ok')"],
+        "slow": [sys.executable, "-c", "import time; time.sleep(60)"],
+    }
+    t0 = time.monotonic()
+    codes = sitting.run_until(cmds, t0 + 3, {}, tmp_path / "logs")
+    assert time.monotonic() - t0 < 30
+    assert codes["quick"] == 0 and done.read_text() == "ok"
+    assert codes["slow"] < 0  # ended by a signal
+    assert (tmp_path / "logs/slow.log").exists()
+
+
+def test_unpack_writes_records_only_under_their_settings(tmp_path):
+    archive = tmp_path / "records.tar.gz"
+    members = {
+        "records/s500-x/simcse/cls/seed1.json": b'{"avg": 1}',
+        "records-repeat/s500-x/simcse/cls/seed1.json": b'{"avg": 2}',
+        "records/s500-x/../../escape.json": b"{}",
+        "records/s500-x/simcse/cls/notes.txt": b"text",
+        "elsewhere/x.json": b"{}",
+    }
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    records = tmp_path / "repo/records"
+    written = sitting.unpack(archive, records)
+    assert sorted(p.relative_to(records).as_posix() for p in written) == [
+        "s500-x/repeat/simcse/cls/seed1.json",
+        "s500-x/simcse/cls/seed1.json",
+    ]
+    assert not (tmp_path / "repo/escape.json").exists() and not (tmp_path / "escape.json").exists()
