@@ -69,6 +69,8 @@ POOLS = {  # pools variant -> `mine` params over the demo profile's (its own poo
     # short pool (the peer's anchor with too few in the band gets none).
     "knn": {"pool_cap": None, "fallback": "none"},
     "band40": {"band_low": 0.4},  # the whole band above a higher floor
+    # The peer's depth with the band's top opened to 0.95: a per-anchor ceiling sets the top.
+    "knn_wide": {"pool_cap": None, "fallback": "none", "band_high": 0.95},
 }
 
 
@@ -94,9 +96,13 @@ SAMPLERS = {
     "knn_calibrated": Sampler(_CAL, pools="knn"),
     "band40_uniform": Sampler(("--ipw", "uniform"), pools="band40"),
     "band40_calibrated": Sampler(_CAL, pools="band40"),
-    # Positive-aware negatives at the peer's depth (issue 27): dropout positives, so s+ = 1.
+    # Positive-aware negatives at the peer's depth (issue 27): the m most similar below 95% of
+    # the anchor's best translation's cosine (NV-Retriever's TopK-PercPos), in a band whose top
+    # is opened to 0.95 so that the ceiling, not the fixed 0.75, sets it.
+    # (Against s+ = 1 a 5% margin removes nothing from a band that ends at 0.75.)
     "knn_posaware": Sampler(
-        (*_CAL, "--relative-margin", "0.05", "--positive-reference", "fixed"), pools="knn"
+        ("--negative-sampler", "top", "--relative-margin", "0.05", "--positive-reference", "best"),
+        pools="knn_wide",
     ),
     "knn_simans": Sampler(
         (
@@ -157,7 +163,9 @@ ROWS: dict[str, Row] = {
         "simcse_hn", "band40_calibrated", "+ negatives of the band [0.4, 0.75], IPW calibrated"
     ),
     "knn_posaware": Row(
-        "simcse_hn", "knn_posaware", "+ negatives of the 64 nearest, IPW calibrated, below 0.95 s+"
+        "simcse_hn",
+        "knn_posaware",
+        "+ the 2 nearest of the 64 below 95% of the best translation's cos (TopK-PercPos)",
     ),
     "knn_simans": Row(
         "simcse_hn", "knn_simans", "+ negatives of the 64 nearest, SimANS (a 10, b -0.3)"
