@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pairforge.pipeline.config import StageConfig, stage_config
+from pairforge.pipeline.config import PARAMS_FILE, StageConfig, params_source, stage_config
 from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError, PairforgeError
 from pydantic import BaseModel
 
@@ -29,7 +29,21 @@ if TYPE_CHECKING:
     from pairforge.pipeline.runner import Executor
 
 ParamsOpt = Annotated[
-    str, typer.Option("--params", help="params.yaml to read the stage's section from.")
+    str | None,
+    typer.Option(
+        "--params",
+        help="params file to read the stage's section from [default: params.yaml here; without "
+        "one, the config's defaults]",
+        show_default=False,
+    ),
+]
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        help="a profile's settings instead of a params file (demo, paper, apertium)",
+        show_default=False,
+    ),
 ]
 WorkersOpt = Annotated[
     int,
@@ -160,7 +174,8 @@ def disk_full_message(exc: OSError) -> str:
 
 # The options a stage body may take besides its config: name -> (annotation, default).
 SHARED_OPTIONS: dict[str, tuple[Any, Any]] = {
-    "params": (ParamsOpt, "params.yaml"),
+    "params": (ParamsOpt, None),
+    "profile": (ProfileOpt, None),
     "workers": (WorkersOpt, 0),
     "scheduler": (SchedulerOpt, None),
     "progress": (ProgressOpt, True),
@@ -243,9 +258,10 @@ def stage_command(
     stage: str, model: type[StageConfig], names: dict[str, tuple[str, ...]] | None = None
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Make ``body(cfg, ...)`` the ``stage`` command: one option per field of ``model``
-    (:func:`config_options`), each defaulting to the ``stage`` section of ``--params``; then
+    (:func:`config_options`), each defaulting to the ``stage`` section of ``--params`` (or
+    ``--profile``; outside a project, the config's own default); then
     ``--params`` and every other parameter of ``body``: one named in :data:`SHARED_OPTIONS`
-    (``workers``, ``scheduler``, ``progress``, ``params``), one declared with its own
+    (``workers``, ``scheduler``, ``progress``, ``params``, ``profile``), one declared with its own
     ``Annotated`` typer option (a stage's extra), or ``given``, the fields set on the command
     line. The body receives the validated config; errors are one line (:func:`cli_errors`).
     The body's docstring is the command's help."""
@@ -254,7 +270,10 @@ def stage_command(
         fields = config_options(model, names)
         hints = typing.get_type_hints(body, include_extras=True)
         body_params = list(inspect.signature(body).parameters.values())[1:]
-        extras: dict[str, tuple[Any, Any]] = {"params": SHARED_OPTIONS["params"]}
+        extras: dict[str, tuple[Any, Any]] = {
+            "params": SHARED_OPTIONS["params"],
+            "profile": SHARED_OPTIONS["profile"],
+        }
         for p in body_params:
             if p.name == "given":
                 continue
@@ -276,7 +295,14 @@ def stage_command(
                 # An option not given is None (a repeated one may be empty): the params key.
                 if value is not None and not (isinstance(value, (list, tuple)) and not value):
                     overrides[name] = value
-            cfg = stage_config(stage, model, kwargs["params"], overrides)
+            params, profile = kwargs["params"], kwargs["profile"]
+            source = params_source(params, profile)[1]
+            if params is None and source != PARAMS_FILE:  # said once: not a project's params
+                where = "its config's defaults" if source == "defaults" else source
+                logging.getLogger("pairforge").info(
+                    "%s: no params.yaml read; running on %s", stage, where
+                )
+            cfg = stage_config(stage, model, params, overrides, profile)
             if "given" in wanted:
                 kwargs["given"] = frozenset(overrides)
             return body(cfg, **{k: v for k, v in kwargs.items() if k in wanted})

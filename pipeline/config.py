@@ -27,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 PARAMS_FILE = "params.yaml"
 DVC_FILE = "dvc.yaml"
+# The profiles' params (``pairforge profile``, ``--profile``): this package's data.
+PRESETS = Path(__file__).resolve().parent / "presets"
+EXTENDS = "extends"
 
 
 class _ModelSpecMarker:
@@ -45,6 +48,37 @@ class StageConfig(BaseModel):
     """Base of every stage's config: unknown keys are errors, values are immutable."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def available() -> list[str]:
+    """The profiles' names."""
+    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
+
+
+def preset_path(name: str) -> Path:
+    path = PRESETS / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(
+            f"profile: {name!r} is not a profile; allowed values: {', '.join(available())}"
+        )
+    return path
+
+
+def _merge(base: Any, overlay: Any) -> Any:
+    """``overlay`` over ``base``: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        for key, value in overlay.items():
+            base[key] = _merge(base[key], value) if key in base else value
+        return base
+    return overlay
+
+
+def preset(name: str) -> dict[str, Any]:
+    """A profile's params. A preset that starts with ``extends: <profile>`` holds only what
+    differs from that profile (mappings merge key by key; lists and values replace)."""
+    data = yaml.safe_load(preset_path(name).read_text()) or {}
+    base = data.pop(EXTENDS, None)
+    return _merge(preset(base), data) if base else data
 
 
 def load_params(path: str | Path = PARAMS_FILE) -> dict[str, Any]:
@@ -118,22 +152,42 @@ def validate_section(section: str, model: type[StageConfig], values: dict[str, A
         raise ConfigError(_describe_error(section, model, exc)) from None
 
 
+def params_source(params_path: str | Path | None, profile: str | None) -> tuple[dict, str]:
+    """The params a command reads and where they come from (for its one line saying so):
+    ``params_path`` when given (it must exist); else a profile's preset when ``profile`` is
+    given; else ``params.yaml`` in the current folder; else nothing, so that each config takes
+    its own defaults (a command run outside a project). Returns ``(params, source)``, ``source``
+    one of the path, ``profile <name>`` or ``defaults``."""
+    if params_path is not None and profile is not None:
+        raise ConfigError("give --params or --profile, not both")
+    if profile is not None:
+        return preset(profile), f"profile {profile}"
+    if params_path is not None or Path(PARAMS_FILE).exists():
+        path = params_path if params_path is not None else PARAMS_FILE
+        return load_params(path), str(path)
+    return {}, "defaults"
+
+
 def stage_config(
     section: str,
     model: type[StageConfig],
-    params_path: str | Path = PARAMS_FILE,
+    params_path: str | Path | None = PARAMS_FILE,
     overrides: dict[str, Any] | None = None,
+    profile: str | None = None,
 ) -> StageConfig:
-    """The validated config of ``section``: params file values, then non-None overrides."""
-    params = load_params(params_path)
-    values = params.get(section)
+    """The validated config of ``section``: the params' values (:func:`params_source`), then
+    non-None overrides. Without params (``defaults``) the section is empty and the config
+    takes its own defaults."""
+    params, source = params_source(params_path, profile)
+    values = params.get(section, {} if source == "defaults" else None)
     if values is None:
-        raise ConfigError(f"{params_path}: no {section!r} section")
+        raise ConfigError(f"{source}: no {section!r} section")
     if not isinstance(values, dict):
         raise ConfigError(f"{section}: must be a mapping of keys to values")
     merged = {**values, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     cfg = validate_section(section, model, merged)
-    check_model_specs(section, cfg, params, Path(params_path).parent / DVC_FILE, planned=False)
+    here = Path(params_path).parent if params_path is not None else Path()
+    check_model_specs(section, cfg, params, here / DVC_FILE, planned=False)
     return cfg
 
 

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 import numpy as np
+import yaml
 
 CARD = "README.md"
 
@@ -66,18 +67,55 @@ def hub_license(text: str | None) -> str:
     return name if name in HUB_LICENSES else "other"
 
 
-def front_matter(license: str | None) -> str:
-    """The card's YAML header: the train split's files (``data/``) and the licence Hub id."""
-    return f"""---
-configs:
-- config_name: default
-  data_files:
-  - split: train
-    path: data/*.parquet
-license: {hub_license(license)}
----
+# The Hub's size buckets (``size_categories``): the first whose bound exceeds the row count.
+SIZE_CATEGORIES = (
+    (1_000, "n<1K"),
+    (10_000, "1K<n<10K"),
+    (100_000, "10K<n<100K"),
+    (1_000_000, "100K<n<1M"),
+    (10_000_000, "1M<n<10M"),
+    (100_000_000, "10M<n<100M"),
+    (1_000_000_000, "100M<n<1B"),
+)
+HUB_TAGS = ("sentence-transformers", "pairforge", "hard-negatives")
 
-"""
+
+def size_category(rows: int) -> str:
+    """The Hub's ``size_categories`` bucket of ``rows``."""
+    return next((label for bound, label in SIZE_CATEGORIES if rows < bound), "n>1T")
+
+
+def hub_metadata(
+    license: str | None,
+    rows: int,
+    pretty_name: str | None = None,
+    source: str | None = None,
+    tags: tuple[str, ...] = (),
+    data_files: str = "data/*.parquet",
+) -> dict[str, Any]:
+    """A Hub card's front matter: the train split's files, the licence Hub id, the language,
+    task, size bucket, tags, a display name and the corpus's Hub id (``source_datasets``) when
+    known."""
+    meta: dict[str, Any] = {
+        "configs": [
+            {"config_name": "default", "data_files": [{"split": "train", "path": data_files}]}
+        ],
+        "license": hub_license(license),
+        "language": ["en"],
+        "task_categories": ["sentence-similarity"],
+        "size_categories": [size_category(rows)],
+        "tags": [*HUB_TAGS, *tags],
+    }
+    if pretty_name:
+        meta["pretty_name"] = pretty_name
+    if source:
+        meta["source_datasets"] = [source]
+    return meta
+
+
+def front_matter(meta: dict[str, Any]) -> str:
+    """``meta`` as the card's YAML header between ``---`` lines, then a blank line."""
+    return f"---\n{yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()}\n---\n\n"
 
 
 def distribution(values: np.ndarray, digits: int = 4) -> dict[str, float | int | None]:
@@ -144,7 +182,14 @@ def render_card(
         _loading_section(source.get("path")),
     ]
     # Each section ends its last line; one more newline between them is the blank line.
-    return front_matter(source.get("corpus_license")) + "\n".join(sections)
+    meta = hub_metadata(
+        source.get("corpus_license"),
+        int(counts.get("rows") or 0),
+        pretty_name=f"{name}: DebCSE-mined sentence pairs",
+        source=source.get("corpus_source"),
+        tags=("debcse",),
+    )
+    return front_matter(meta) + "\n".join(sections)
 
 
 def _intro(name: str, params: dict[str, Any], schema_doc: str) -> str:

@@ -340,6 +340,7 @@ STAGES: dict[str, StageDef] = {
             "anchor_batch",
             "corpus_name",
             "corpus_license",
+            "corpus_source",
         ),
         # The numba and rapidfuzz backends give equal distances.
         free=("edit_backend", "threads"),

@@ -15,53 +15,24 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pairforge.pipeline.cli_options import cli_errors
-from pairforge.pipeline.config import (
+from pairforge.pipeline.config import (  # noqa: F401 (the profiles' API is this module's)
     DVC_FILE,
+    EXTENDS,
     PARAMS_FILE,
+    PRESETS,
+    available,
     check_model_specs,
     load_params,
+    preset,
+    preset_path,
     validate_section,
 )
 from pairforge.pipeline.errors import ConfigError
-
-# The presets are the pipeline package's data, beside this (stages) package.
-PRESETS = Path(__file__).resolve().parents[1] / "pipeline" / "presets"
-EXTENDS = "extends"
 
 app = typer.Typer(
     help="Switch between the profiles (demo, paper, apertium), or check a params file.",
     no_args_is_help=True,
 )
-
-
-def available() -> list[str]:
-    return sorted(p.stem for p in PRESETS.glob("*.yaml"))
-
-
-def preset_path(name: str) -> Path:
-    path = PRESETS / f"{name}.yaml"
-    if not path.exists():
-        raise ConfigError(
-            f"profile: {name!r} is not a profile; allowed values: {', '.join(available())}"
-        )
-    return path
-
-
-def _merge(base: Any, overlay: Any) -> Any:
-    """``overlay`` over ``base``: mappings merge key by key, anything else replaces."""
-    if isinstance(base, dict) and isinstance(overlay, dict):
-        for key, value in overlay.items():
-            base[key] = _merge(base[key], value) if key in base else value
-        return base
-    return overlay
-
-
-def preset(name: str) -> dict[str, Any]:
-    """A profile's params. A preset that starts with ``extends: <profile>`` holds only what
-    differs from that profile (mappings merge key by key; lists and values replace)."""
-    data = yaml.safe_load(preset_path(name).read_text()) or {}
-    base = data.pop(EXTENDS, None)
-    return _merge(preset(base), data) if base else data
 
 
 def preset_text(name: str) -> str:

@@ -22,9 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import hub_license
+from pairforge.pipeline.dataset_card import front_matter, hub_license, hub_metadata
 from pairforge.pipeline.shards import apply_umask, atomic_write_bytes
 
 CARD = "README.md"
@@ -128,7 +127,16 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
     license_id = hub_license(license_text)
     name = card.get("name") or "pairs"
     sections = [
-        _export_front_matter(fmt, license_id),
+        front_matter(
+            hub_metadata(
+                license_text,
+                int(totals.get("rows", 0)),
+                pretty_name=f"{name}: sentence-transformers {fmt}s",
+                source=(card.get("params") or {}).get("corpus_source"),
+                tags=(fmt,),
+                data_files="data/train-*.parquet",
+            )
+        ),
         _intro(fmt, m, name, card.get("source")),
         _columns_section(fmt, m),
         _how_made_section(card.get("params") or {}),
@@ -139,24 +147,6 @@ def export_card(fmt: str, m: int, totals: dict[str, int], card: dict[str, Any]) 
     ]
     # Each section ends its last line; one more newline between them is the blank line.
     return "\n".join(sections)
-
-
-def _export_front_matter(fmt: str, license_id: str) -> str:
-    """The card's YAML front matter between its ``---`` lines: the ``train`` split's files
-    (``data/train-*.parquet``), the licence Hub id, the language, the task and the tags."""
-    meta = {
-        "configs": [
-            {
-                "config_name": "default",
-                "data_files": [{"split": "train", "path": "data/train-*.parquet"}],
-            }
-        ],
-        "license": license_id,
-        "language": ["en"],
-        "task_categories": ["sentence-similarity"],
-        "tags": ["sentence-transformers", "pairforge", "hard-negatives", fmt],
-    }
-    return f"---\n{yaml.safe_dump(meta, sort_keys=False).strip()}\n---\n"
 
 
 def _intro(fmt: str, m: int, name: str, source: str | None) -> str:

@@ -178,6 +178,9 @@ class SampleConfig(StageConfig):
     )
     corpus_name: str = Field("corpus", description="corpus name, for the dataset card")
     corpus_license: str = Field("unknown", description="licence of the corpus text, for the card")
+    corpus_source: str | None = Field(
+        None, description="the corpus's Hub dataset id, for the card's source_datasets"
+    )
 
     @model_validator(mode="after")
     def _window(self) -> SampleConfig:
@@ -491,6 +494,16 @@ def _totals(cfg: SampleConfig, pools: Dataset, writer: DatasetWriter) -> dict[st
     return totals
 
 
+# What a receiving team trains from: the encoder the pools and cosines were computed with (not
+# how it ran: engine, device and precision are the embeddings manifest's).
+ENCODER_FACTS = ("model", "pooling", "max_length", "prompt", "dim")
+
+
+def _encoder(embeddings: Dataset) -> dict[str, Any]:
+    info = encoder_info(embeddings)
+    return {key: info.get(key) for key in ENCODER_FACTS}
+
+
 def _finish_dataset(
     cfg: SampleConfig, inputs: dict[str, Any], writer: DatasetWriter, totals: dict[str, int]
 ) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -505,7 +518,9 @@ def _finish_dataset(
         inputs["pos_facts"],
         writer,
     )
-    manifest = writer.finalize(len(inputs["pools"]), extra={"card": CARD})
+    manifest = writer.finalize(
+        len(inputs["pools"]), extra={"card": CARD, "encoder": _encoder(inputs["sent_emb"])}
+    )
     if (Path(cfg.output) / "_work").exists():  # a killed run's spilled vectors
         shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)
     dists = _post_stats(cfg.output)
@@ -621,6 +636,7 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
         "path": cfg.output,
         "corpus_name": cfg.corpus_name,
         "corpus_license": cfg.corpus_license,
+        "corpus_source": cfg.corpus_source,
         "sentences": sentences.num_rows,
         "inputs": [str(x) for x in ingest.get("inputs", [])],
         "augmentations": "; ".join(

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import ModelSpec, StageConfig
+from pairforge.pipeline.config import PARAMS_FILE, ModelSpec, StageConfig
 from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
 from pairforge.pipeline.locks import writer_lock
 from pairforge.pipeline.metrics import write_metrics
@@ -373,13 +373,49 @@ def _objective_metrics(summary: dict) -> dict:
 
 
 @stage_command(STAGE, TrainConfig, names={"objective": ("--objective", "-o")})
-def command(cfg: TrainConfig, progress: bool, given: frozenset[str]) -> None:
+def command(
+    cfg: TrainConfig,
+    progress: bool,
+    given: frozenset[str],
+    params: str | None,
+    profile: str | None,
+) -> None:
     """Train a sentence encoder with one objective on the pairs dataset, resumably.
 
     Every option defaults to the key of the same name in the `train` section of params.yaml;
     per-objective settings live in `train.recipes.<objective>`. An option given on the command
-    line beats the objective's recipe.
+    line beats the objective's recipe. Outside a project (no params.yaml, no --profile), the
+    encoder is the one the pairs were mined with, as their manifest names it.
     """
+    if params is None and profile is None and not Path(PARAMS_FILE).exists():
+        cfg = _mined_encoder(cfg, given)
     out = Path(cfg.output) / cfg.objective  # one writer per model folder (rank 0 of torchrun)
     with writer_lock(out, f"train output {str(out)!r}"):
         run(cfg, progress=progress, forced=given)
+
+
+def _mined_encoder(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
+    """``cfg`` with the pairs' own encoder as ``model`` (their manifest's ``encoder``, written
+    by ``sample``) unless ``--model`` was given or the manifest names none."""
+    import logging
+
+    from pairforge.pipeline.errors import ConfigError
+    from pairforge.pipeline.models import spec_problem
+    from pairforge.pipeline.shards import read_manifest
+
+    if "model" in given or not (Path(cfg.input) / "_manifest.json").exists():
+        return cfg
+    encoder = read_manifest(cfg.input).get("encoder") or {}
+    model = encoder.get("model")
+    if not isinstance(model, str) or not model:
+        return cfg
+    problem = spec_problem(model)
+    if problem is not None:
+        raise ConfigError(
+            f"train: the pairs {cfg.input!r} were mined with the encoder {model!r}, which "
+            f"cannot load here ({problem}); pass --model"
+        )
+    logging.getLogger("pairforge").info(
+        "train: the model is the encoder the pairs were mined with, %s (their manifest)", model
+    )
+    return cfg.model_copy(update={"model": model})

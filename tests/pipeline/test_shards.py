@@ -76,7 +76,7 @@ def test_other_tools_read_the_shards(tmp_path):
     """``data/`` holds only Parquet: every folder reader reads it; the dataset folder itself
     (manifest, card) loads with ``datasets.load_dataset`` as a Hub dataset does."""
     import datasets
-    from pairforge.pipeline.dataset_card import CARD, front_matter
+    from pairforge.pipeline.dataset_card import CARD, front_matter, hub_metadata
 
     write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
     folder, data = tmp_path / "ds", tmp_path / "ds" / "data"
@@ -87,7 +87,7 @@ def test_other_tools_read_the_shards(tmp_path):
     assert duckdb.sql(f"select count(distinct id) from '{data}/*.parquet'").fetchall() == [(5,)]
     for card in (False, True):  # without a card, and with the pairs card's front matter
         if card:
-            (folder / CARD).write_text(front_matter("cc-by-sa-4.0") + "# ds\n")
+            (folder / CARD).write_text(front_matter(hub_metadata("cc-by-sa-4.0", 5)) + "# ds\n")
         loaded = datasets.load_dataset(
             str(folder), split="train", cache_dir=str(tmp_path / f"hf{card}")
         )

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import front_matter, hub_license
+from pairforge.pipeline.dataset_card import front_matter, hub_license, hub_metadata
 from pairforge.stages.export.layouts import write_export
 
 
@@ -51,7 +51,25 @@ def _card(folder) -> tuple[dict, str]:
 )
 def test_licences_become_hub_identifiers(written, hub):
     assert hub_license(written) == hub
-    assert yaml.safe_load(front_matter(written).strip().strip("-"))["license"] == hub
+    meta = hub_metadata(written, 12)
+    assert yaml.safe_load(front_matter(meta).strip().strip("-"))["license"] == hub
+
+
+@pytest.mark.parametrize(
+    ("rows", "bucket"),
+    [(0, "n<1K"), (999, "n<1K"), (1_000, "1K<n<10K"), (10_824, "10K<n<100K"),
+     (999_999, "100K<n<1M"), (1_000_000, "1M<n<10M")],
+)  # fmt: skip
+def test_hub_metadata_names_size_task_language_and_source(rows, bucket):
+    meta = hub_metadata("CC BY-SA 3.0", rows, pretty_name="wiki: pairs",
+                        source="princeton-nlp/datasets-for-simcse", tags=("debcse",))  # fmt: skip
+    assert meta["size_categories"] == [bucket]
+    assert meta["language"] == ["en"] and meta["task_categories"] == ["sentence-similarity"]
+    assert meta["tags"] == ["sentence-transformers", "pairforge", "hard-negatives", "debcse"]
+    assert meta["pretty_name"] == "wiki: pairs"
+    assert meta["source_datasets"] == ["princeton-nlp/datasets-for-simcse"]
+    # Unknown source, no name: the keys are left out, not written empty.
+    assert not {"pretty_name", "source_datasets"} & set(hub_metadata(None, rows))
 
 
 @pytest.mark.parametrize("fmt", ["triplet", "pair", "n-tuple"])
@@ -68,6 +86,9 @@ def test_export_card_is_hub_metadata_and_describes_what_ships(fmt, tmp_path):
     assert meta["license"] == "cc0-1.0"
     assert meta["task_categories"] == ["sentence-similarity"]
     assert "sentence-transformers" in meta["tags"] and fmt in meta["tags"]
+    assert meta["size_categories"] == ["n<1K"] and meta["language"] == ["en"]
+    assert meta["pretty_name"] == f"test corpus: sentence-transformers {fmt}s"
+    assert "source_datasets" not in meta  # the params name no Hub source
     pattern = meta["configs"][0]["data_files"][0]["path"]
     shipped = sorted(out.glob(pattern))
     assert shipped and sum(pq.read_metadata(p).num_rows for p in shipped) == totals["rows"]

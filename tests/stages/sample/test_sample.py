@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
+import yaml
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.dataset_card import CARD
 from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
@@ -390,6 +391,14 @@ def test_four_readers_and_the_card(sampled):
     root, metrics = sampled
     folder = root / "data/pairs"
     assert (folder / CARD).exists() and (folder / "_manifest.json").exists()
+    # The manifest names the encoder the pools were mined with (a receiving team trains it),
+    # not how it ran (no engine, device or precision: those are the embeddings').
+    encoder = open_dataset(folder, S.PAIRS).manifest["encoder"]
+    assert encoder == {"model": "test", "pooling": "mean", "max_length": 32, "prompt": None,
+                       "dim": 16}  # fmt: skip
+    assert (
+        open_embeddings(root / "data/embeddings/sentences").manifest["encoder"]["model"] == "test"
+    )
     want = open_dataset(folder, S.PAIRS).read_table([S.ID, S.NEGATIVE_TEXTS]).to_pylist()
     want_neg = {r[S.ID]: r[S.NEGATIVE_TEXTS] for r in want}
 
@@ -418,6 +427,9 @@ def test_four_readers_and_the_card(sampled):
 
     # The folder as a Hub dataset: the card's front matter points at data/*.parquet.
     assert (folder / CARD).read_text().startswith("---\nconfigs:")
+    meta = yaml.safe_load((folder / CARD).read_text().split("---\n")[1])
+    assert meta["size_categories"] == ["n<1K"] and meta["pretty_name"].startswith("test corpus")
+    assert "debcse" in meta["tags"] and "source_datasets" not in meta
     d = datasets.load_dataset(str(folder), split="train", cache_dir=str(root / "hf-cache"))
     assert d.num_rows == 240 and S.POSITIVE_TEXTS in d.column_names
     assert {
