@@ -25,6 +25,8 @@ RESCORE_CHUNK = 512
 # one row in RESCORE_DENSE is a neighbour (copying a row costs less than a read call of its own).
 RESCORE_ROWS = 32_768
 RESCORE_DENSE = 8
+# Present where an NVIDIA driver is loaded: checked before torch is imported to ask for a GPU.
+NVIDIA_DEVICE = Path("/dev/nvidiactl")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class IndexSettings:
     ef_construction: int
     ef_search: int
     use_gpu: str
+    search_engine: str
     seed: int
 
     @classmethod
@@ -270,6 +273,8 @@ def open_index(
     saved under ``work`` once built and loaded from there by a resumed run (training an IVF or
     building an HNSW index is the costly part). ``release``, ``take``: see ``build_index``."""
     n, d = vectors.shape
+    if search_engine(cfg) == "torch":
+        return _torch_index(vectors, cfg, release)
     kind = cfg.index if cfg.index != "auto" else ("flat" if n <= cfg.flat_max else "ivf")
     use_gpu = {"auto": "auto", "yes": True, "no": False}[cfg.use_gpu]
     saved = work / INDEX_FILE
@@ -317,6 +322,7 @@ def open_index(
             tmp.replace(saved)
     facts: dict[str, Any] = {
         "kind": kind,
+        "engine": "faiss",
         "n": n,
         "dim": d,
         "gpu": _on_gpu(index),
@@ -329,6 +335,47 @@ def open_index(
     if kind == "hnsw":
         facts.update(hnsw_m=cfg.hnsw_m, ef_search=cfg.ef_search)
     return index, facts
+
+
+def search_engine(cfg: IndexSettings) -> str:
+    """``faiss`` or ``torch``: ``search_engine`` as set, or under ``auto`` torch's exact search
+    when a GPU is allowed and visible but this faiss build cannot use it (no faiss-gpu)."""
+    if cfg.search_engine != "auto":
+        return cfg.search_engine
+    if cfg.use_gpu == "no" or gpu_available() or not NVIDIA_DEVICE.exists():
+        return "faiss"  # the device file first: importing torch costs a second or two
+    import torch
+
+    return "torch" if torch.cuda.is_available() else "faiss"
+
+
+def _torch_index(
+    vectors: np.ndarray, cfg: IndexSettings, release: Callable[[], None]
+) -> tuple[Any, dict[str, Any]]:
+    """Exact search in torch (``stages/mine/torch_search.py``), on the GPU when allowed and
+    visible; the approximate kinds' settings do not apply."""
+    from pairforge.stages.mine.torch_search import TorchFlatIndex, torch_device
+
+    device = torch_device(cfg.use_gpu)
+    if device is None:
+        raise ConfigError("mine.use_gpu: 'yes', but torch sees no GPU (search_engine: torch)")
+    if cfg.index not in ("auto", "flat"):
+        raise ConfigError(
+            f"mine.index: {cfg.index!r} is a faiss index; search_engine: torch searches exactly "
+            "(index: flat or auto)"
+        )
+    start = time.monotonic()
+    index = TorchFlatIndex(vectors, device, release)
+    n, d = vectors.shape
+    return index, {
+        "kind": "flat",
+        "engine": "torch",
+        "n": n,
+        "dim": d,
+        "gpu": index.on_gpu,
+        "build_seconds": round(time.monotonic() - start, 3),
+        "loaded_from_work": False,
+    }
 
 
 def _train_size(n: int, nlist: int | None) -> int:

@@ -127,6 +127,10 @@ class MineConfig(StageConfig):
     ef_construction: int = Field(200, ge=8, description="HNSW build beam width")
     ef_search: int = Field(128, ge=8, description="HNSW search beam width")
     use_gpu: Literal["auto", "yes", "no"] = Field("auto", description="auto, yes or no")
+    search_engine: Literal["auto", "faiss", "torch"] = Field(
+        "auto",
+        description="faiss, or torch's exact search (auto: torch on a GPU faiss cannot use)",
+    )
     query_batch: int = Field(8192, ge=1, description="queries per FAISS search call")
     anchor_batch: int = Field(
         16384, ge=1, description="anchors whose neighbours are held at once (bounds memory)"
@@ -604,7 +608,7 @@ def _open_searcher(
     )
     k = min(cfg.k + 1, len(vectors))  # + 1: the anchor usually finds itself first
     widest = (cfg.pool_cap or cfg.k) + 1
-    if facts["gpu"] and widest > GPU_MAX_K:
+    if facts["gpu"] and facts["engine"] == "faiss" and widest > GPU_MAX_K:
         raise ConfigError(
             f"mine.pool_cap: {cfg.pool_cap} needs {widest} neighbours per search, but faiss "
             f"on GPU returns at most {GPU_MAX_K}; set pool_cap to {GPU_MAX_K - 1} or less, "

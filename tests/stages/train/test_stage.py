@@ -170,37 +170,42 @@ def test_cotbert_and_infocse_train_from_their_recipes_and_evaluate_with_their_po
 
 
 def test_train_outside_a_project_runs_on_defaults_with_the_pairs_encoder(
-    tmp_path, tiny_sentences, tiny_model_dir, sts_dir, monkeypatch
+    tmp_path, tiny_sentences, tiny_model_dir, sts_dir
 ):
     """A receiving team's folder holds only the imported pairs: no params.yaml. `train` runs on
     its config's defaults, says so once, and trains the encoder the pairs' manifest names."""
-    pairs = write_pairs(tmp_path / "team/pairs", pairs_rows(tiny_sentences), rows_per_shard=4)
+    team = tmp_path / "team"
+    pairs = write_pairs(team / "pairs", pairs_rows(tiny_sentences), rows_per_shard=4)
     manifest = json.loads((pairs / "_manifest.json").read_text())
     manifest["encoder"] = {"model": str(tiny_model_dir), "pooling": "mean", "max_length": 16}
     (pairs / "_manifest.json").write_text(json.dumps(manifest))
-    monkeypatch.chdir(tmp_path / "team")
     args = ["train", "--input", "pairs", "--max-steps", "2", "--batch-size", "4",
             "--max-length", "16", "--eval-every", "2", "--sts-dir", str(sts_dir),
             "--threads", "1", "--no-progress"]  # fmt: skip
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert result.output.count("no params.yaml read; running on its config's defaults") == 1
-    assert f"the encoder the pairs were mined with, {tiny_model_dir}" in result.output
-    card = json.loads((tmp_path / "team/models/simcse/model/pairforge.json").read_text())
+    result = run_cli(args, cwd=team, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("train: no params.yaml read; running on its config's defaults") == 1
+    assert f"the encoder the pairs were mined with, {tiny_model_dir}" in result.stderr
+    card = json.loads((team / "models/simcse/model/pairforge.json").read_text())
     assert card["base_model"] == str(tiny_model_dir)
-    assert json.loads((tmp_path / "team/metrics/train.json").read_text())["simcse"]["steps"] == 2
+    assert json.loads((team / "metrics/train.json").read_text())["simcse"]["steps"] == 2
 
-    # --model beats the manifest; an encoder that cannot load here is one line naming it.
+    # An encoder that cannot load here is one line naming it; --model beats the manifest.
     manifest["encoder"]["model"] = "data/models/their-encoder"
     (pairs / "_manifest.json").write_text(json.dumps(manifest))
-    result = runner.invoke(app, args)
-    assert result.exit_code == 2
-    assert "were mined with the encoder 'data/models/their-encoder', which cannot load here" in (
-        result.output
+    result = run_cli(args, cwd=team, timeout=180)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: train: the pairs 'pairs' were mined with the encoder 'data/models/their-encoder', "
+            "which cannot load here"
+        )
     )
-    result = runner.invoke(app, [*args, "--model", str(tiny_model_dir), "--output", "m2"])
-    assert result.exit_code == 0, result.output
-    assert "mined with" not in result.output
+    result = run_cli([*args, "--model", str(tiny_model_dir), "--output", "m2"], cwd=team)
+    assert result.returncode == 0, result.stderr
+    assert "mined with" not in result.stderr and (team / "m2/simcse/model").is_dir()
 
 
 def test_params_come_from_the_file_a_profile_or_the_defaults(tmp_path, monkeypatch):
