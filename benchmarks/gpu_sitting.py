@@ -46,8 +46,11 @@ MIB = 1 << 20
 # The device's call carries the working tree too (about 4 MiB tracked): a part leaves room.
 PART_MIB = 56
 # Packages pairforge's train and evaluate import that the device image lacks (its package list:
-# the device tool's KINDS.md); each travels as a Python 3.12 wheel of the pinned version.
-DEVICE_WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
+# the device tool's KINDS.md), and typing-extensions, whose image version may predate pydantic's
+# needs; each travels as a Python 3.12 wheel of the version installed here.
+DEVICE_WHEELS = (
+    "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+)  # fmt: skip
 # Issue 27's rows, the decisive ones first; seed-major, so a sitting cut short keeps whole seeds.
 DEFAULT_ROWS = (
     "simcse", "peer", "peer_top", "ipw_calibrated", "knn_calibrated", "knn_posaware", "debcse",

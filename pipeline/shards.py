@@ -439,7 +439,7 @@ class DatasetWriter:
                 "doc": self.spec.doc,
             },
             "stage": self.stage,
-            "params": self.params,
+            "params": portable(self.params, self.path),
             "fingerprint": self.fingerprint,
             # Without the git commit: a commit that leaves this stage's code alone must not
             # change the dataset's bytes (the commit is in the run sidecar).
@@ -448,7 +448,7 @@ class DatasetWriter:
             "rows_per_shard": self.rows_per_shard,
             "num_shards": len(shards),
             "shards": shards,
-            **(extra or {}),
+            **portable(extra or {}, self.path),
         }
         # The sidecar first: a run killed between the two leaves an unfinished dataset, never
         # a finished one without its run facts. Scratch datasets are removed by their stage.
@@ -459,6 +459,20 @@ class DatasetWriter:
         self.complete = True
         self.close()
         return manifest
+
+
+def portable(value: Any, dataset: Path) -> Any:
+    """``value`` (a manifest's params or facts) with every absolute path made relative to the
+    ``dataset`` folder, in mappings and lists alike: where the writer's machine keeps its files
+    is not a fact of the dataset, so the same inputs give the same manifest wherever they are
+    written. Relative paths (the project's), hub ids, ``package:`` and ``$VAR`` specs stay."""
+    if isinstance(value, dict):
+        return {k: portable(v, dataset) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, dataset) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.relpath(value, os.path.abspath(dataset))
+    return value
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

