@@ -34,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -102,8 +103,10 @@ def device_wheels(into: Path, names=DEVICE_WHEELS) -> list[Path]:
     for name in names:
         version = metadata.version(name)
         found = [p for p in into.glob("*.whl") if _wheel_name(p) == _norm(name)]
-        if found:
+        if [p for p in found if p.name.split("-")[1] == version]:
             continue
+        for stale in found:  # another version, from an earlier install
+            stale.unlink()
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
                "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
@@ -206,7 +209,10 @@ def _no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 def device_calls(manifest: dict, into: Path, budget: int = 540) -> list[dict]:
     """The device tool's calls, in order: each carries one part; the last one runs."""
-    rel = into.relative_to(ROOT) if into.is_relative_to(ROOT) else into
+    if not into.resolve().is_relative_to(ROOT):
+        raise SystemExit(f"gpu_sitting: {into} is outside the checkout; a device call carries "
+                         "only paths inside it (and ignored by git)")  # fmt: skip
+    rel = into.resolve().relative_to(ROOT)
     calls = []
     n = len(manifest["parts"])
     for part in manifest["parts"]:
@@ -278,18 +284,29 @@ def install(tree: Path, site: Path) -> None:
         shutil.copytree(package, site / package.name, dirs_exist_ok=True)
 
 
-def run_until(cmds: dict[str, list[str]], deadline: float, env: dict, logs: Path) -> dict:
+def run_until(
+    cmds: dict[str, list[str]],
+    deadline: float,
+    env: dict,
+    logs: Path,
+    every: tuple[float, Callable[[], None]] | None = None,
+) -> dict:
     """Run the commands at once, each in a process group of its own, until each ends or
-    ``deadline`` (monotonic) passes; then SIGTERM, and SIGKILL 20 s later. Returns each one's
-    exit status (negative: the signal that ended it)."""
+    ``deadline`` (monotonic) passes; then SIGTERM, and SIGKILL 20 s later. ``every``:
+    ``(seconds, callback)`` called that often meanwhile. Returns each one's exit status
+    (negative: the signal that ended it)."""
     logs.mkdir(parents=True, exist_ok=True)
     procs = {}
     for name, cmd in cmds.items():
         with (logs / f"{name}.log").open("w") as log:
             procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True)  # fmt: skip
+    last = time.monotonic()
     while any(p.poll() is None for p in procs.values()) and time.monotonic() < deadline:
         time.sleep(1)
+        if every is not None and time.monotonic() - last >= every[0]:
+            every[1]()
+            last = time.monotonic()
     for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, None)):
         for p in procs.values():
             if p.poll() is None:
@@ -317,7 +334,17 @@ def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dic
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
     records = ROOT / "benchmarks/results/quality"
     repeat_records = home / "records-repeat"
-    shutil.copytree(tree / "run", tree / "run-repeat", dirs_exist_ok=True)
+    settings = manifest["settings"]
+    # The repeat needs SimCSE's pairs and the mining's record only, and the untrained scores
+    # once the table has them (it waits for nothing: without them it scores its own).
+    repeat_pipeline = tree / "run-repeat" / manifest["pipeline"]
+    shutil.copytree(tree / "run" / manifest["pipeline"] / "data/pairs-calibrated",
+                    repeat_pipeline / "data/pairs-calibrated", dirs_exist_ok=True)  # fmt: skip
+    shutil.copy2(tree / "run" / manifest["pipeline"] / "params.yaml", repeat_pipeline)
+    shutil.copy2(tree / "run/mining.json", tree / "run-repeat/mining.json")
+    if (records / settings / "untrained.json").exists():
+        (repeat_records / settings).mkdir(parents=True, exist_ok=True)
+        shutil.copy2(records / settings / "untrained.json", repeat_records / settings)
     base = [sys.executable, str(QUALITY), "--positives", manifest["positives"], *DEVICE_FLAGS]
     cmds = {
         "table": [*base, "--out", str(tree / "run"), "--records", str(records),
@@ -327,20 +354,30 @@ def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dic
                    "--rows", "simcse", "--seeds", "1", "--starts", "cls", "--jobs", "1"],
     }  # fmt: skip
     logs = home / "logs"
-    codes = run_until(cmds, t0 + budget, env, logs)
-    settings = manifest["settings"]
-    summary = {"codes": codes, "seconds": round(time.monotonic() - t0, 1), "settings": settings,
-               "device": _nvidia_smi()}  # fmt: skip
-    (logs / "sitting.json").write_text(json.dumps(summary, indent=1))
-    with tarfile.open(out / "records.tar.gz", "w:gz") as tar:
-        if (records / settings).exists():
-            tar.add(records / settings, arcname=f"records/{settings}")
-        if (repeat_records / settings).exists():
-            tar.add(repeat_records / settings, arcname=f"records-repeat/{settings}")
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-        for log in sorted((tree / "run" / "runs").glob("*/*/*/seed*/log.txt")):
-            tar.add(log, arcname=f"runs/{log.relative_to(tree / 'run' / 'runs')}")
+
+    def snapshot(codes: dict | None = None) -> None:
+        """The records and logs so far into ``out`` (each archive replaced whole): a call cut
+        off at its limit still brings back every run finished before the last snapshot."""
+        summary = {"codes": codes, "seconds": round(time.monotonic() - t0, 1),
+                   "settings": settings, "device": _nvidia_smi()}  # fmt: skip
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / "sitting.json").write_text(json.dumps(summary, indent=1))
+        for name, members in (
+            ("records", [(records / settings, f"records/{settings}"),
+                         (repeat_records / settings, f"records-repeat/{settings}")]),
+            ("logs", [(logs, "logs"), *((log, f"runs/{log.relative_to(tree / 'run' / 'runs')}")
+                      for log in sorted((tree / "run" / "runs").glob("*/*/*/seed*/log.txt")))]),
+        ):  # fmt: skip
+            tmp = out / f".{name}.tar.gz"
+            with tarfile.open(tmp, "w:gz") as tar:
+                for path, arcname in members:
+                    if path.exists():
+                        tar.add(path, arcname=arcname)
+            tmp.replace(out / f"{name}.tar.gz")
+
+    codes = run_until(cmds, t0 + budget, env, logs, every=(60.0, snapshot))
+    snapshot(codes)
+    summary = json.loads((logs / "sitting.json").read_text())
     print(json.dumps(summary), flush=True)
     return summary
 

@@ -280,16 +280,21 @@ def _ci(ci: tuple[float, float] | None) -> str:
 
 
 def _by_dev(by_row: dict[str, dict], names) -> str | None:
-    """Of ``names``, the row with the highest mean kept dev score (what defaults and the
-    comparisons' sides are chosen by, never the test sets)."""
-    scored = [n for n in names if n in by_row and by_row[n]["best_dev"][0] is not None]
+    """Of ``names``, the row with the highest mean kept dev score (how the peer's best setting
+    is chosen: never by the test sets); the one row run when only one is; None when several
+    ran and none has a dev score."""
+    ran = [n for n in names if n in by_row]
+    scored = [n for n in ran if by_row[n]["best_dev"][0] is not None]
+    if len(ran) == 1:
+        return ran[0]
     return max(scored, key=lambda n: by_row[n]["best_dev"][0]) if scored else None
 
 
 def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
     """Issue 27's targets on one start, each (target, verdict) with the figures it rests on
     (paired over the seeds both rows have, with the 95% interval); a target whose rows are
-    missing says "not run"."""
+    missing says "not run". The peer's side is its best setting by dev; the combined recipe's
+    is the best other row by test mean (the hardest comparison, not a choice of default)."""
     # DenoSent (start "mask") belongs to the [CLS] table.
     starts = (start, "mask") if start == "cls" else (start,)
     by_row = {s["row"]: s for s in summary if s["start"] in starts}
@@ -320,7 +325,8 @@ def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str
         d = paired(by_row["debcse"], by_row["simcse"])
         m = d["mean"]
         verdict = "no seed in common" if m is None else (
-            f"{'met' if m >= 1.0 else 'NOT met'}: {m:+.2f}{_ci(d['ci95'])} over {d['n']} seeds"
+            f"{'met' if m >= 1.0 else 'NOT met'}: {m:+.2f}{_ci(d['ci95'])} over {d['n']} "
+            f"seed{'s' if d['n'] != 1 else ''}"
         )  # fmt: skip
         out.append((name, verdict))
     name = f"combined >= the best single row, interval above 0 ({start})"

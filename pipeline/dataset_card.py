@@ -76,6 +76,9 @@ SIZE_CATEGORIES = (
     (10_000_000, "1M<n<10M"),
     (100_000_000, "10M<n<100M"),
     (1_000_000_000, "100M<n<1B"),
+    (10_000_000_000, "1B<n<10B"),
+    (100_000_000_000, "10B<n<100B"),
+    (1_000_000_000_000, "100B<n<1T"),
 )
 HUB_TAGS = ("sentence-transformers", "pairforge", "hard-negatives")
 
@@ -114,8 +117,8 @@ def hub_metadata(
 
 
 def front_matter(meta: dict[str, Any]) -> str:
-    """``meta`` as the card's YAML header between ``---`` lines, then a blank line."""
-    return f"---\n{yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()}\n---\n\n"
+    """``meta`` as the card's YAML header between ``---`` lines."""
+    return f"---\n{yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()}\n---\n"
 
 
 def distribution(values: np.ndarray, digits: int = 4) -> dict[str, float | int | None]:
@@ -189,7 +192,7 @@ def render_card(
         source=source.get("corpus_source"),
         tags=("debcse",),
     )
-    return front_matter(meta) + "\n".join(sections)
+    return front_matter(meta) + "\n" + "\n".join(sections)
 
 
 def _intro(name: str, params: dict[str, Any], schema_doc: str) -> str:

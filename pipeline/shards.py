@@ -448,7 +448,11 @@ class DatasetWriter:
             "rows_per_shard": self.rows_per_shard,
             "num_shards": len(shards),
             "shards": shards,
-            **portable(extra or {}, self.path),
+            # An encoder's model spec is loaded again from the manifest (train, the encoder
+            # check): it stays as the stage resolved it.
+            **{
+                k: v if k == "encoder" else portable(v, self.path) for k, v in (extra or {}).items()
+            },
         }
         # The sidecar first: a run killed between the two leaves an unfinished dataset, never
         # a finished one without its run facts. Scratch datasets are removed by their stage.

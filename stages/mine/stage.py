@@ -269,6 +269,7 @@ def _write_search_index(index, path: Path) -> None:
     import faiss
     from pairforge.stages.mine.ondisk import is_mapped
     from pairforge.stages.mine.searcher import INDEX_FILE, _on_gpu
+    from pairforge.stages.mine.torch_search import TorchFlatIndex
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -280,6 +281,12 @@ def _write_search_index(index, path: Path) -> None:
             os.link(path.with_name(INDEX_FILE), tmp)
         except OSError:  # a filesystem without hard links
             shutil.copyfile(path.with_name(INDEX_FILE), tmp)
+    elif isinstance(index, TorchFlatIndex):
+        # The workers search on the CPU with faiss's exact index of the same vectors: the same
+        # neighbours up to exact ties (tests/stages/mine/test_torch_search.py).
+        flat = faiss.IndexFlatIP(index.d)
+        flat.add(index.corpus.cpu().numpy())
+        faiss.write_index(flat, str(tmp))
     else:
         faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
     tmp.replace(path)

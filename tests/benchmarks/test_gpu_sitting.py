@@ -89,7 +89,8 @@ def test_a_missing_or_damaged_part_is_a_clear_error(mined, package, shared, tmp_
     with pytest.raises(SystemExit, match=r"parts \[2, 3"):
         sitting.assemble(home)
     damaged = into / "part-2" / "chunk"
-    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    data = damaged.read_bytes()
+    damaged.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(SystemExit, match="does not match any part"):
         sitting.receive(into / "part-2", home)
     # A chunk kept from another sitting is dropped when a new sitting's part arrives.
@@ -103,6 +104,11 @@ def test_a_missing_or_damaged_part_is_a_clear_error(mined, package, shared, tmp_
 def test_pack_needs_the_rows_pairs_mined_first(mined, package, shared, tmp_path):
     with pytest.raises(SystemExit, match="mine first.*missing pairs: knn_posaware"):
         pack(mined, package, shared, tmp_path / "s", rows=("simcse", "knn_posaware"))
+
+
+def test_parts_outside_the_checkout_cannot_be_carried(tmp_path):
+    with pytest.raises(SystemExit, match="outside the checkout"):
+        sitting.device_calls({"parts": [{"part": 1}]}, tmp_path / "sitting")
 
 
 def test_the_device_calls_carry_one_part_each_and_the_last_runs(mined, package, shared, tmp_path):
@@ -130,8 +136,12 @@ def test_the_deadline_ends_what_is_still_running_and_keeps_what_finished(tmp_pat
         "slow": [sys.executable, "-c", "import time; time.sleep(60)"],
     }
     t0 = time.monotonic()
-    codes = sitting.run_until(cmds, t0 + 3, {}, tmp_path / "logs")
+    ticks = []
+    codes = sitting.run_until(
+        cmds, t0 + 3.5, {}, tmp_path / "logs", every=(1.0, lambda: ticks.append(1))
+    )
     assert time.monotonic() - t0 < 30
+    assert len(ticks) >= 2  # the snapshots meanwhile
     assert codes["quick"] == 0 and done.read_text() == "ok"
     assert codes["slow"] < 0  # ended by a signal
     assert (tmp_path / "logs/slow.log").exists()

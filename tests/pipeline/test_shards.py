@@ -69,6 +69,12 @@ def test_manifests_hold_no_absolute_path(tmp_path):
     }  # fmt: skip
     assert manifest["embeds"] == {"path": "../sentences"}
     assert str(tmp_path) not in written[0].decode()
+    # An encoder's model spec is loaded again from the manifest: kept as the stage resolved it.
+    writer = DatasetWriter(tmp_path / "enc", S.SENTENCES, stage="test", params={},
+                           fingerprint="fp")  # fmt: skip
+    writer.write(0, sentences(1))
+    kept = writer.finalize(1, extra={"encoder": {"model": str(tmp_path / "models/enc")}})
+    assert kept["encoder"]["model"] == str(tmp_path / "models/enc")
 
 
 def test_round_trip_and_manifest(tmp_path):

@@ -14,9 +14,9 @@ from pairforge.pipeline.shards import open_dataset
 from pairforge.pipeline.text import sentence_id
 from pairforge.stages.mine.stage import MineConfig, run
 
+from tests.stages.mine.helpers import mine_cfg, sentence_ids, vectors
 from tests.stages.mining_helpers import (
     candidate_rows,
-    copy_project,
     make_texts,
     read_json,
     unit,
@@ -25,35 +25,9 @@ from tests.stages.mining_helpers import (
     write_sentences,
 )
 
-
-def _vectors(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((6, d))
-    return unit(centres[rng.integers(0, 6, n)] + 0.9 * rng.standard_normal((n, d)))
-
-
-def _ids(root) -> list[str]:
-    return open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID].to_pylist()
-
-
-def _cfg(root, **kw) -> MineConfig:
-    base = dict(
-        sentences=str(root / "data/sentences"),
-        embeddings=str(root / "data/embeddings/sentences"),
-        candidates=str(root / "data/candidates"),
-        rewrites=str(root / "data/rewrites"),
-        output=str(root / "data/pools"),
-        metrics=str(root / "metrics/mine.json"),
-    )
-    return MineConfig(**{**base, **kw})
-
-
-@pytest.fixture()
-def project(mining_inputs, tmp_path):
-    root = copy_project(mining_inputs, tmp_path)
-    ids = _ids(root)
-    write_embeddings(root / "data/embeddings/sentences", ids, _vectors(len(ids)), [40] * 6)
-    return root
+_vectors = vectors
+_ids = sentence_ids
+_cfg = mine_cfg
 
 
 @pytest.mark.parametrize("pool_cap", [None, 239])
@@ -345,7 +319,6 @@ def test_the_configs_ivf_codecs_are_the_index_builders():
     from typing import get_args
 
     from pairforge.stages.mine import index as index_module
-    from pairforge.stages.mine.stage import MineConfig
 
     declared = get_args(MineConfig.model_fields["ivf_codec"].annotation)
     assert declared == index_module.IVF_CODECS

@@ -15,7 +15,7 @@ from pairforge.stages.mine.searcher import IndexSettings, search_engine
 from pairforge.stages.mine.stage import MineConfig, run
 from pairforge.stages.mine.torch_search import TorchFlatIndex
 
-from tests.stages.mine.test_mine import _cfg, project  # noqa: F401 (the fixture, reused)
+from tests.stages.mine.helpers import mine_cfg as _cfg
 from tests.stages.mining_helpers import unit
 
 
@@ -42,14 +42,13 @@ def test_more_neighbours_than_vectors_are_padded():
     assert sorted(ids[0, :5]) == [0, 1, 2, 3, 4] and ids[0, 0] == 0  # itself first
 
 
-def test_the_stage_writes_faiss_pools_with_torch(project, tmp_path):  # noqa: F811
+def test_the_stage_writes_faiss_pools_with_torch(project, tmp_path):
     run(_cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="faiss"), progress=False)
     with_faiss = open_dataset(project / "data/pools", S.POOLS).read_table()
     other = tmp_path / "pools-torch"
-    metrics = run(
-        _cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="torch", output=str(other)),
-        progress=False,
-    )
+    torch_cfg = _cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="torch",
+                     use_gpu="no", output=str(other))  # fmt: skip
+    metrics = run(torch_cfg, progress=False)
     assert metrics["index"]["engine"] == "torch" and metrics["index"]["gpu"] is False
     with_torch = open_dataset(other, S.POOLS).read_table()
     assert with_torch.column_names == with_faiss.column_names
@@ -63,12 +62,14 @@ def test_the_stage_writes_faiss_pools_with_torch(project, tmp_path):  # noqa: F8
 
 
 def test_the_engine_is_chosen_as_configured(monkeypatch, tmp_path):
+    import pairforge.stages.mine.searcher as searcher
+
+    monkeypatch.setattr(searcher, "NVIDIA_DEVICE", tmp_path / "no-nvidiactl")  # no GPU
     base = MineConfig(sentences="s", embeddings="e", output="o")
-    assert search_engine(IndexSettings.of(base)) == "faiss"  # no GPU here
+    assert search_engine(IndexSettings.of(base)) == "faiss"
     forced = IndexSettings.of(base.model_copy(update={"search_engine": "torch"}))
     assert search_engine(forced) == "torch"
     # A GPU torch sees but faiss cannot use: auto takes torch.
-    import pairforge.stages.mine.searcher as searcher
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -83,7 +84,10 @@ def test_the_engine_is_chosen_as_configured(monkeypatch, tmp_path):
     assert torch_search.torch_device("yes") is None and torch_search.torch_device("auto") == "cpu"
 
 
-def test_torch_with_an_approximate_index_or_a_missing_gpu_is_one_line(project):  # noqa: F811
+def test_torch_with_an_approximate_index_or_a_missing_gpu_is_one_line(project, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="mine.index: 'ivf' is a faiss index"):
         run(_cfg(project, search_engine="torch", index="ivf"), progress=False)
     with pytest.raises(ConfigError, match="use_gpu: 'yes', but torch sees no GPU"):
