@@ -18,19 +18,21 @@ runner = CliRunner()
 
 # Fields set in params.yaml only: nested models, mappings, fixed-size tuples.
 PARAMS_ONLY = {"backtranslate": {"routes", "noise"}, "mine": {"widen_limits"}, "train": {"recipes"}}
-DATASET = {"params", "workers", "scheduler", "progress"}
+# Every stage reads a params file (--params) or a profile's settings (--profile).
+PARAMS = {"params", "profile"}
+DATASET = {*PARAMS, "workers", "scheduler", "progress"}
 SHARED = {
     "ingest": DATASET,
-    "standin": {"params"},
+    "standin": PARAMS,
     "backtranslate": DATASET,
     "rewrite": DATASET,
-    "pretrain": {"params", "progress"},
+    "pretrain": {*PARAMS, "progress"},
     "embed": DATASET,
     "mine": DATASET,
     "sample": DATASET,
-    "report": {"params"},
-    "train": {"params", "progress"},
-    "evaluate": {"params", "progress"},
+    "report": PARAMS,
+    "train": {*PARAMS, "progress"},
+    "evaluate": {*PARAMS, "progress"},
 }
 # Declarations that are not ``--field-name`` (``--field-name/--no-field-name`` for a bool):
 # dvc.yaml, the docs and scripts type these.

@@ -23,7 +23,7 @@ from pairforge.stages.mine.index import build_index, measure_recall, search
 from pairforge.stages.mine.searcher import Searcher, band_sizes
 from pairforge.stages.mine.stage import run
 
-from tests.stages.mine.test_mine import _cfg, project  # noqa: F401  (project: a fixture)
+from tests.stages.mine.helpers import mine_cfg as _cfg
 from tests.stages.mining_helpers import clustered_vectors, resident_kib, unit_rows
 
 smaps = pytest.mark.skipif(
