@@ -431,7 +431,7 @@ def dry_run(out: Path, rows, seeds, starts, positives: str, part_mib: float) -> 
             if f.is_file() and "__pycache__" not in f.parts:
                 copy = tree / "site" / package.name / f.relative_to(package)
                 assert sha256(copy) == sha256(f), f
-        for call in device_calls(manifest, into):
+        for call in device_calls(manifest, SITTING):  # as `pack` into the checkout would say
             assert len(call["command"]) <= 2000
         print(json.dumps({k: v for k, v in manifest.items() if k != "parts"}, indent=1))
         print(f"parts: {[round(p['bytes'] / MIB, 1) for p in manifest['parts']]} MiB; tree checked")
