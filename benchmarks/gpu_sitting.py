@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -72,8 +73,9 @@ def sha256(path: Path) -> str:
 # --- pack (CPU) -----------------------------------------------------------------------------
 
 
+@functools.cache
 def quality_module():
-    """benchmarks/quality.py as a module (its settings tag and folders)."""
+    """benchmarks/quality.py as a module (its settings tag and folders), loaded once."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("quality_benchmark", QUALITY)

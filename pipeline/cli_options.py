@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pairforge.pipeline.config import PARAMS_FILE, StageConfig, params_source, stage_config
+from pairforge.pipeline.config import (
+    DVC_FILE,
+    PARAMS_FILE,
+    StageConfig,
+    params_source,
+    section_config,
+)
 from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError, PairforgeError
 from pydantic import BaseModel
 
@@ -295,14 +301,15 @@ def stage_command(
                 # An option not given is None (a repeated one may be empty): the params key.
                 if value is not None and not (isinstance(value, (list, tuple)) and not value):
                     overrides[name] = value
-            params, profile = kwargs["params"], kwargs["profile"]
-            source = params_source(params, profile)[1]
-            if params is None and source != PARAMS_FILE:  # said once: not a project's params
+            path = kwargs["params"]
+            params, source = params_source(path, kwargs["profile"])  # read once
+            if path is None and source != PARAMS_FILE:  # said once: not a project's params
                 where = "its config's defaults" if source == "defaults" else source
                 logging.getLogger("pairforge").info(
                     "%s: no params.yaml read; running on %s", stage, where
                 )
-            cfg = stage_config(stage, model, params, overrides, profile)
+            here = Path(path).parent if path is not None else Path()
+            cfg = section_config(stage, model, params, source, overrides, here / DVC_FILE)
             if "given" in wanted:
                 kwargs["given"] = frozenset(overrides)
             return body(cfg, **{k: v for k, v in kwargs.items() if k in wanted})

@@ -168,17 +168,16 @@ def params_source(params_path: str | Path | None, profile: str | None) -> tuple[
     return {}, "defaults"
 
 
-def stage_config(
+def section_config(
     section: str,
     model: type[StageConfig],
-    params_path: str | Path | None = PARAMS_FILE,
+    params: dict[str, Any],
+    source: str,
     overrides: dict[str, Any] | None = None,
-    profile: str | None = None,
+    dvc_file: str | Path = DVC_FILE,
 ) -> StageConfig:
-    """The validated config of ``section``: the params' values (:func:`params_source`), then
-    non-None overrides. Without params (``defaults``) the section is empty and the config
-    takes its own defaults."""
-    params, source = params_source(params_path, profile)
+    """The validated config of ``section`` from params already read (:func:`params_source`:
+    ``params`` and their ``source``), then non-None overrides."""
     values = params.get(section, {} if source == "defaults" else None)
     if values is None:
         raise ConfigError(f"{source}: no {section!r} section")
@@ -186,8 +185,7 @@ def stage_config(
         raise ConfigError(f"{section}: must be a mapping of keys to values")
     merged = {**values, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     cfg = validate_section(section, model, merged)
-    here = Path(params_path).parent if params_path is not None else Path()
-    check_model_specs(section, cfg, params, here / DVC_FILE, planned=False)
+    check_model_specs(section, cfg, params, dvc_file, planned=False)
     return cfg
 
 

@@ -20,8 +20,7 @@ from typer.core import TyperGroup
 # MKL's strict conditional numerical reproducibility: float32 matrix products give the same bits
 # whatever the number of threads, so a Dask worker (one thread) writes the bytes an in-process run
 # (all cores) writes (tests/stages/embed/test_embed_dask.py). Set before torch loads MKL; the
-# Dask workers a command starts inherit it. On the demo's 1,321 sentences with MiniLM, 2 threads,
-# embedding took 8.2-8.6 s with it against 9.1-9.3 s without (load 1.4-1.9).
+# Dask workers a command starts inherit it (what it costs: benchmarks/results/checks-2026-11-27.md).
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 # command -> (module, attribute). A function becomes a command; a ``typer.Typer`` a group.

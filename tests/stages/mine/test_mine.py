@@ -25,17 +25,13 @@ from tests.stages.mining_helpers import (
     write_sentences,
 )
 
-_vectors = vectors
-_ids = sentence_ids
-_cfg = mine_cfg
-
 
 @pytest.mark.parametrize("pool_cap", [None, 239])
 def test_pools_equal_a_brute_force_numpy_reference(project, pool_cap):
     """pool_cap None: the band within the k nearest; 239 (the whole corpus): all of the band."""
     k, low, high = 20, 0.2, 0.6
     metrics = run(
-        _cfg(
+        mine_cfg(
             project,
             k=k,
             pool_cap=pool_cap,
@@ -51,9 +47,9 @@ def test_pools_equal_a_brute_force_numpy_reference(project, pool_cap):
     pools = open_dataset(project / "data/pools", S.POOLS)
     assert len(pools) == 6 and pools.num_rows == 240
     table = pools.read_table()
-    v = _vectors(240).astype(np.float64)
+    v = vectors(240).astype(np.float64)
     sims = v @ v.T  # (240, 240)
-    ids = np.array(_ids(project))
+    ids = np.array(sentence_ids(project))
     for a in range(240):
         order = np.argsort(-sims[a], kind="stable")
         order = order[order != a][: k if pool_cap is None else None]
@@ -103,7 +99,7 @@ def test_self_duplicates_and_own_augmentations_never_enter(tmp_path):
     rng = np.random.default_rng(0)
     v[5:, 8:] = rng.standard_normal((len(texts) - 5, d - 8))
     write_embeddings(tmp_path / "data/embeddings/sentences", ids, unit(v + 0.0), [len(texts)])
-    metrics = run(_cfg(tmp_path, k=10, fallback="none"), progress=False)
+    metrics = run(mine_cfg(tmp_path, k=10, fallback="none"), progress=False)
     row0 = open_dataset(tmp_path / "data/pools", S.POOLS).read_table().slice(0, 1).to_pylist()[0]
     assert row0[S.POOL_ROWS] == [4]
     ex = metrics["excluded"]
@@ -145,7 +141,7 @@ def _rewrite_project(root) -> list[str]:
 
 def test_llm_rewrites_are_own_augmentations_too(tmp_path):
     _rewrite_project(tmp_path)
-    metrics = run(_cfg(tmp_path, k=10, fallback="none"), progress=False)
+    metrics = run(mine_cfg(tmp_path, k=10, fallback="none"), progress=False)
     row0 = open_dataset(tmp_path / "data/pools", S.POOLS).read_table().slice(0, 1).to_pylist()[0]
     assert row0[S.POOL_ROWS] == [5]  # neither the back-translation (3) nor the rewrite (4)
     assert metrics["excluded"]["own_augmentation"] == 2
@@ -154,7 +150,7 @@ def test_llm_rewrites_are_own_augmentations_too(tmp_path):
     fp = open_dataset(tmp_path / "data/pools", S.POOLS).manifest["fingerprint"]
 
     # The same corpus with the rewrites ignored: the rewrite is a negative like any neighbour.
-    off = _cfg(tmp_path, k=10, fallback="none", rewrites=None, output=str(tmp_path / "off"))
+    off = mine_cfg(tmp_path, k=10, fallback="none", rewrites=None, output=str(tmp_path / "off"))
     metrics = run(off, progress=False)
     row0 = open_dataset(tmp_path / "off", S.POOLS).read_table().slice(0, 1).to_pylist()[0]
     assert sorted(row0[S.POOL_ROWS]) == [4, 5]  # equal cosines: either order
@@ -180,7 +176,7 @@ def test_empty_or_absent_rewrites_change_nothing(project, tmp_path):
                 None,
             )
         out = tmp_path / case
-        cfg = _cfg(project, k=16, output=str(out), metrics=str(tmp_path / f"{case}.json"))
+        cfg = mine_cfg(project, k=16, output=str(out), metrics=str(tmp_path / f"{case}.json"))
         cfg = cfg.model_copy(update={"rewrites": None}) if case == "disabled" else cfg
         metrics = run(cfg, progress=False)
         assert metrics["rewrites"]["status"] == case and metrics["rewrites"]["rows"] == 0
@@ -193,13 +189,13 @@ def test_empty_or_absent_rewrites_change_nothing(project, tmp_path):
 def test_rewrites_of_another_schema_are_a_clear_error(project):
     shutil.copytree(project / "data/sentences", project / "data/rewrites")  # a sentences dataset
     with pytest.raises(SchemaError, match="data/rewrites.*expected schema candidates"):
-        run(_cfg(project), progress=False)
+        run(mine_cfg(project), progress=False)
 
 
 @pytest.mark.parametrize("fallback", ["random", "widen"])
 def test_short_pools_get_the_fallback_and_it_is_recorded(project, fallback):
     metrics = run(
-        _cfg(
+        mine_cfg(
             project,
             k=8,
             band_low=0.55,
@@ -229,7 +225,7 @@ def test_short_pools_get_the_fallback_and_it_is_recorded(project, fallback):
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
 def test_approximate_index_reports_its_recall(project, kind):
     metrics = run(
-        _cfg(project, index=kind, nlist=4, nprobe=2, recall_sample=100, k=10), progress=False
+        mine_cfg(project, index=kind, nlist=4, nprobe=2, recall_sample=100, k=10), progress=False
     )
     index = metrics["index"]
     assert index["kind"] == kind and 0.5 < index["recall_at_k"] <= 1.0
@@ -244,12 +240,12 @@ def test_approximate_index_reports_its_recall(project, kind):
 @pytest.mark.parametrize("codec", ["sq8", "sq4"])
 def test_scalar_quantized_index_pools_carry_exact_cosines(project, codec):
     metrics = run(
-        _cfg(project, index="ivf", ivf_codec=codec, nlist=8, nprobe=8, k=12), progress=False
+        mine_cfg(project, index="ivf", ivf_codec=codec, nlist=8, nprobe=8, k=12), progress=False
     )
     assert metrics["index"]["codec"] == codec
     assert metrics["index"]["recall_at_k"] > {"sq8": 0.95, "sq4": 0.9}[codec]
     table = open_dataset(project / "data/pools", S.POOLS).read_table().to_pylist()
-    v = _vectors(240).astype(np.float64)
+    v = vectors(240).astype(np.float64)
     for row in table:
         want = v[row[S.POOL_ROWS]] @ v[row[S.ROW]]
         np.testing.assert_allclose(row[S.POOL_COS], want, atol=1e-5)  # rescored, not 8-bit
@@ -258,37 +254,37 @@ def test_scalar_quantized_index_pools_carry_exact_cosines(project, codec):
 
 
 def test_auto_switches_to_ivf_above_flat_max(project):
-    metrics = run(_cfg(project, flat_max=100, recall_sample=50), progress=False)
+    metrics = run(mine_cfg(project, flat_max=100, recall_sample=50), progress=False)
     assert metrics["index"]["kind"] == "ivf" and "recall_at_k" in metrics["index"]
 
 
 def test_nan_embeddings_are_a_clear_error(project):
-    ids = _ids(project)
-    v = _vectors(len(ids))
+    ids = sentence_ids(project)
+    v = vectors(len(ids))
     v[77, 3] = np.nan
     write_embeddings(project / "data/embeddings/sentences", ids, v, [240])
     with pytest.raises(DataIntegrityError, match=f"first: id '{ids[77]}', NaN"):
-        run(_cfg(project), progress=False)
+        run(mine_cfg(project), progress=False)
 
 
 def test_embeddings_of_other_sentences_are_a_clear_error(project):
-    ids = _ids(project)
+    ids = sentence_ids(project)
     ids[5], ids[6] = ids[6], ids[5]
-    write_embeddings(project / "data/embeddings/sentences", ids, _vectors(240), [240])
+    write_embeddings(project / "data/embeddings/sentences", ids, vectors(240), [240])
     with pytest.raises(DataIntegrityError, match="row 5 has id .* stale, run embed again"):
-        run(_cfg(project), progress=False)
+        run(mine_cfg(project), progress=False)
 
 
 def test_pools_table_reads_back_with_the_schema(project):
-    run(_cfg(project, k=12), progress=False)
+    run(mine_cfg(project, k=12), progress=False)
     table = open_dataset(project / "data/pools", S.POOLS).read_shard(0)
     assert table.schema.field(S.POOL_COS).type == pa.list_(pa.float32())
 
 
 def test_anchor_batches_do_not_change_the_pools(project, tmp_path):
-    run(_cfg(project, k=16, min_pool=4), progress=False)
+    run(mine_cfg(project, k=16, min_pool=4), progress=False)
     whole = open_dataset(project / "data/pools", S.POOLS)
-    other = _cfg(project, k=16, min_pool=4, anchor_batch=7, output=str(tmp_path / "pools"))
+    other = mine_cfg(project, k=16, min_pool=4, anchor_batch=7, output=str(tmp_path / "pools"))
     run(other, progress=False)
     batched = open_dataset(tmp_path / "pools", S.POOLS)
     assert batched.read_table().equals(whole.read_table())
@@ -309,8 +305,8 @@ def test_pool_cap_beyond_faiss_gpu_k_is_a_clear_error(project, monkeypatch):
 
     monkeypatch.setattr(searcher_module, "open_index", on_gpu)  # mine imports it when it runs
     with pytest.raises(ConfigError, match=r"mine.pool_cap: 4096 needs 4097 neighbours"):
-        run(_cfg(project, pool_cap=4096), progress=False)
-    assert run(_cfg(project, pool_cap=2047), progress=False)["pool_cap"] == 2047
+        run(mine_cfg(project, pool_cap=4096), progress=False)
+    assert run(mine_cfg(project, pool_cap=2047), progress=False)["pool_cap"] == 2047
 
 
 def test_the_configs_ivf_codecs_are_the_index_builders():

@@ -23,7 +23,7 @@ from pairforge.stages.mine.index import build_index, measure_recall, search
 from pairforge.stages.mine.searcher import Searcher, band_sizes
 from pairforge.stages.mine.stage import run
 
-from tests.stages.mine.helpers import mine_cfg as _cfg
+from tests.stages.mine.helpers import mine_cfg
 from tests.stages.mining_helpers import clustered_vectors, resident_kib, unit_rows
 
 smaps = pytest.mark.skipif(
@@ -198,7 +198,7 @@ def test_stage_pools_equal_those_of_the_in_memory_index(monkeypatch, project, tm
     it wrote with the index and the vectors in memory: the same shard bytes; and a run that
     finds the saved index in ``_work`` (a resumed run) maps it and writes them again."""
     cfg = dict(index="ivf", ivf_codec="sq8", nlist=8, nprobe=3, k=12, anchor_batch=50)
-    run(_cfg(project, **cfg), progress=False)
+    run(mine_cfg(project, **cfg), progress=False)
     mapped = _shard_bytes(project)
 
     def in_memory(vectors, kind, **kw):
@@ -210,7 +210,7 @@ def test_stage_pools_equal_those_of_the_in_memory_index(monkeypatch, project, tm
         m.setattr(searcher_module, "build_index", in_memory)
         m.setattr(searcher_module, "Searcher", _plain_searcher)
         (project / "data/pools").rename(tmp_path / "pools-mapped")
-        run(_cfg(project, **cfg), progress=False)
+        run(mine_cfg(project, **cfg), progress=False)
     assert _shard_bytes(project) == mapped
     # A run that stops after its first shard, resumed: the index it saved in _work is mapped,
     # not rebuilt, and the pools are the same.
@@ -225,9 +225,9 @@ def test_stage_pools_equal_those_of_the_in_memory_index(monkeypatch, project, tm
     with monkeypatch.context() as m:
         m.setattr(stage_module.MineShard, "__call__", stop_at_second)
         with pytest.raises(RuntimeError, match="stopped"):
-            run(_cfg(project, **cfg), progress=False)
+            run(mine_cfg(project, **cfg), progress=False)
     assert (project / "data/pools/_work/index.faiss").exists()
-    metrics = run(_cfg(project, **cfg), progress=False)
+    metrics = run(mine_cfg(project, **cfg), progress=False)
     assert metrics["index"]["loaded_from_work"] is True
     assert metrics["computed_shards"] == 5
     assert _shard_bytes(project) == mapped
@@ -248,10 +248,10 @@ def test_pool_rules_in_parts_write_the_same_bytes(monkeypatch, project, tmp_path
     """The pool rules ``RULE_BATCH`` anchors at a time within an anchor batch (random fills
     included: ``min_pool`` past every pool): the same shard bytes and the same counts."""
     cfg = dict(k=16, pool_cap=None, min_pool=30, anchor_batch=40, fallback="random")
-    whole = run(_cfg(project, **cfg), progress=False)
+    whole = run(mine_cfg(project, **cfg), progress=False)
     want = _shard_bytes(project)
     monkeypatch.setattr(stage_module, "RULE_BATCH", 7)
-    parts = run(_cfg(project, **cfg, output=str(tmp_path / "pools")), progress=False)
+    parts = run(mine_cfg(project, **cfg, output=str(tmp_path / "pools")), progress=False)
     got = [p.read_bytes() for p in sorted((tmp_path / "pools/data").iterdir())]
     assert got == want
     assert whole["random_candidates"] > 0

@@ -15,7 +15,7 @@ from pairforge.stages.mine.searcher import IndexSettings, search_engine
 from pairforge.stages.mine.stage import MineConfig, run
 from pairforge.stages.mine.torch_search import TorchFlatIndex
 
-from tests.stages.mine.helpers import mine_cfg as _cfg
+from tests.stages.mine.helpers import mine_cfg
 from tests.stages.mining_helpers import unit
 
 
@@ -43,10 +43,10 @@ def test_more_neighbours_than_vectors_are_padded():
 
 
 def test_the_stage_writes_faiss_pools_with_torch(project, tmp_path):
-    run(_cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="faiss"), progress=False)
+    run(mine_cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="faiss"), progress=False)
     with_faiss = open_dataset(project / "data/pools", S.POOLS).read_table()
     other = tmp_path / "pools-torch"
-    torch_cfg = _cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="torch",
+    torch_cfg = mine_cfg(project, k=16, min_pool=4, pool_cap=64, search_engine="torch",
                      use_gpu="no", output=str(other))  # fmt: skip
     metrics = run(torch_cfg, progress=False)
     assert metrics["index"]["engine"] == "torch" and metrics["index"]["gpu"] is False
@@ -89,6 +89,6 @@ def test_torch_with_an_approximate_index_or_a_missing_gpu_is_one_line(project, m
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="mine.index: 'ivf' is a faiss index"):
-        run(_cfg(project, search_engine="torch", index="ivf"), progress=False)
+        run(mine_cfg(project, search_engine="torch", index="ivf"), progress=False)
     with pytest.raises(ConfigError, match="use_gpu: 'yes', but torch sees no GPU"):
-        run(_cfg(project, search_engine="torch", use_gpu="yes"), progress=False)
+        run(mine_cfg(project, search_engine="torch", use_gpu="yes"), progress=False)
