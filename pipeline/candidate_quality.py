@@ -13,11 +13,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-
-
-def normalize_ws(text: str) -> str:
-    """Whitespace runs collapsed to one space, ends stripped."""
-    return " ".join(text.split())
+from pairforge.pipeline.text import squeeze_spaces
 
 
 def quality_signals(
@@ -28,8 +24,8 @@ def quality_signals(
         raise ValueError(f"{len(sources)} sources but {len(candidates)} candidates")
     if not sources:
         return np.zeros(0, bool), np.zeros(0, np.float32), np.zeros(0, np.float32)
-    src = [normalize_ws(s) for s in sources]
-    cand = [normalize_ws(c) for c in candidates]
+    src = [squeeze_spaces(s) for s in sources]
+    cand = [squeeze_spaces(c) for c in candidates]
     identical = np.fromiter((a == b for a, b in zip(src, cand, strict=True)), bool, len(src))
     src_len = np.fromiter((len(s) for s in sources), np.float64, len(sources))
     cand_len = np.fromiter((len(c) for c in candidates), np.float64, len(candidates))

@@ -27,11 +27,8 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import DataIntegrityError, PairforgeError
 from pairforge.pipeline.shards import (
     Dataset,
-    DatasetWriter,
-    ShardInfo,
     open_dataset,
     read_manifest,
-    write_shard,
 )
 
 log = logging.getLogger("pairforge")
@@ -42,7 +39,7 @@ ENCODER_KEY = "encoder"  # manifest key of an embeddings dataset: how its vector
 STORED_NORM_TOL = 1e-2
 # Rows per Parquet row group of an embeddings shard. Decoding a fixed-size list column costs
 # several times its size in transient memory (levels, pages); reading one row group at a time
-# keeps that to a few MiB instead of ~4x the shard (benchmarks/mine.py measured it).
+# keeps that to a few MiB instead of several times the shard.
 VECTOR_ROW_GROUP = 4096
 
 
@@ -103,21 +100,6 @@ def check_same_encoder(a: Dataset, b: Dataset) -> None:
             f"embeddings {str(a.path)!r} and {str(b.path)!r} were made by different encoders "
             f"({detail}); cosines between them would be meaningless: embed both again"
         )
-
-
-def write_vectors(
-    writer: DatasetWriter, index: int, table: pa.Table, counts: dict[str, int] | None = None
-) -> ShardInfo:
-    """Write shard ``index`` of an embeddings dataset in small row groups (see VECTOR_ROW_GROUP)."""
-    return write_shard(
-        writer.path,
-        index,
-        table,
-        writer.spec,
-        writer.name,
-        counts,
-        **{"row_group_size": VECTOR_ROW_GROUP, **writer.write_options},
-    )
 
 
 def iter_vectors(dataset: Dataset, index: int) -> Iterator[tuple[pa.Array, np.ndarray]]:

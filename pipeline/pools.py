@@ -8,7 +8,7 @@ first it fails in this order (the keys of ``NegativePools.excluded``):
 
 1. ``missing``: FAISS returned no neighbour in that slot (id -1).
 2. ``self``: the anchor itself (it is usually its own nearest neighbour; search with k + 1).
-3. ``exact_duplicate``: same normalised text as the anchor (:func:`normalize_text`).
+3. ``exact_duplicate``: same normalised text as the anchor (:func:`pipeline.text.match_key`).
 4. ``own_augmentation``: same normalised text as one of the anchor's own augmentations (its positive
    candidates), which must never come back as its negatives.
 5. ``near_duplicate``: ``rapidfuzz.fuzz.ratio`` of the normalised texts >= ``near_duplicate_threshold``.
@@ -32,19 +32,18 @@ and ``short`` says whether it still has fewer than ``m`` candidates.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
+from pairforge.pipeline.text import match_key
 
 __all__ = [
     "EXCLUSION_REASONS",
     "Fallback",
     "NegativePools",
     "build_negative_pools",
-    "normalize_text",
 ]
 
 Fallback = Literal["none", "widen", "random"]
@@ -62,11 +61,6 @@ EXCLUSION_REASONS: tuple[str, ...] = (
 
 # Rounds of random draws per short anchor before giving up (each round draws several ids).
 _RANDOM_ROUNDS = 64
-
-
-def normalize_text(text: str) -> str:
-    """Text as compared for duplicates: Unicode NFKC, case-folded, whitespace runs collapsed, trimmed."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 @dataclass(frozen=True)
@@ -182,7 +176,7 @@ def build_negative_pools(
     widen_limits: tuple[float, float] = (-1.0, 0.9),
     vectors: np.ndarray | None = None,
     seed: int = 0,
-    normalize: Callable[[str], str] = normalize_text,
+    normalize: Callable[[str], str] = match_key,
     workers: int = -1,
     searched: np.ndarray | None = None,
 ) -> NegativePools:

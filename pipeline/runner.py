@@ -121,9 +121,8 @@ class DaskExecutor:
 
     The workers this executor starts do not get Dask's ``MALLOC_TRIM_THRESHOLD_=65536``
     (``distributed.nanny.pre-spawn-environ``): it turns off glibc's adaptive mmap threshold, so
-    every large temporary of a torch forward pass is mapped and unmapped again, and it made
-    one-thread MiniLM encoding 18% slower here (114 against 135 sentences/s; docs/mine.md, "On
-    Dask"). A threshold set in this process's environment still reaches them; workers of an
+    every large temporary of a torch forward pass is mapped and unmapped again, which slows
+    encoding. A threshold set in this process's environment still reaches them; workers of an
     existing ``scheduler`` keep the environment they were started with."""
 
     def __init__(

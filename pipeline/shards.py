@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 import xxhash
 from pairforge.pipeline import locks
 from pairforge.pipeline.errors import CorruptShardError, DataIntegrityError, IncompleteDatasetError
-from pairforge.pipeline.schemas import META_SCHEMA, SchemaError, SchemaSpec, check_arrow_schema
+from pairforge.pipeline.schemas import SchemaError, SchemaSpec, check_arrow_schema
 from pairforge.pipeline.version import code_version
 
 FORMAT = "pairforge-dataset"
@@ -82,14 +82,6 @@ def run_info_path(folder: str | Path) -> Path:
     """The sidecar with the run-specific facts of a dataset: ``<parent>/.<name>.run.json``."""
     folder = Path(folder)
     return folder.parent / f".{folder.name}.run.json"
-
-
-def sha256_file(path: Path, block: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_checksums(path: Path, block: int = 1 << 20) -> tuple[str, str, int]:
@@ -777,10 +769,3 @@ def open_dataset(path: str | Path, spec: SchemaSpec, verify: bool = False) -> Da
     if verify:
         dataset.verify()
     return dataset
-
-
-def shard_schema_name(file: str | Path) -> str | None:
-    """The schema name a shard records in its Parquet metadata (None for foreign files)."""
-    meta = pq.read_schema(file).metadata or {}
-    value = meta.get(META_SCHEMA)
-    return value.decode() if value else None

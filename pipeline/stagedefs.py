@@ -135,6 +135,7 @@ STAGES: dict[str, StageDef] = {
             "pipeline/cache.py",
             "stages/backtranslate/noise.py",
             "pipeline/candidate_quality.py",
+            "pipeline/text.py",
             *_MODELS,
             *_SHARDS,
         ),
@@ -165,6 +166,7 @@ STAGES: dict[str, StageDef] = {
             "stages/rewrite/llm.py",
             "pipeline/cache.py",
             "pipeline/candidate_quality.py",
+            "pipeline/text.py",
             *_SHARDS,
         ),
         inputs=("${rewrite.input}",),
@@ -250,6 +252,7 @@ STAGES: dict[str, StageDef] = {
             "stages/mine/index.py",
             "stages/mine/ondisk.py",
             "pipeline/pools.py",
+            "pipeline/text.py",
             "stages/mine/searcher.py",
             "stages/mine/torch_search.py",
             "pipeline/mining_inputs.py",
@@ -298,6 +301,7 @@ STAGES: dict[str, StageDef] = {
             "stages/sample/pairs.py",
             "stages/sample/selection.py",
             "pipeline/pools.py",
+            "pipeline/text.py",
             "stages/sample/sampling.py",
             "pipeline/dataset_card.py",
             "stages/export/layouts.py",
@@ -457,28 +461,6 @@ def stage_def(stage: str) -> StageDef:
     except KeyError:
         known = ", ".join(STAGES)
         raise KeyError(f"no stage {stage!r} in pipeline/stagedefs.py; stages: {known}") from None
-
-
-def input_keys(stage: str) -> tuple[str, ...]:
-    """The keys of the stage's own section that its ``inputs`` templates name."""
-    keys = []
-    for template in stage_def(stage).inputs:
-        for ref in _TEMPLATE.findall(template):
-            section, _, key = ref.partition(".")
-            if section == stage and key not in keys:
-                keys.append(key)
-    return tuple(keys)
-
-
-def dvc_deps(stage: str) -> list[str]:
-    """dvc.yaml's ``deps:`` of the stage: its inputs, then its code."""
-    d = stage_def(stage)
-    return [*d.inputs, *d.code]
-
-
-def dvc_params(stage: str) -> list[str]:
-    """dvc.yaml's ``params:`` of the stage: its exact keys, section-qualified."""
-    return [f"{stage}.{key}" for key in stage_def(stage).params]
 
 
 def resolve_key(stage: str, key: str, section: Mapping[str, Any]) -> list[str]:

@@ -1,4 +1,14 @@
-"""Text normalisation and stable sentence ids."""
+"""Text normalisation and stable sentence ids.
+
+Three forms of a text, each with one name:
+
+- :func:`normalize_one` (:func:`normalize` over an Arrow array): the text as ``ingest`` stores it
+  (NFC, control characters and whitespace runs to one space, trimmed);
+- :func:`squeeze_spaces`: whitespace runs to one space, trimmed (how augmentations are compared
+  with their source);
+- :func:`match_key`: NFKC, case-folded, whitespace squeezed (what two sentences are compared by
+  when the question is "the same sentence?", as the negative pools' ``exact_duplicate`` rule).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +28,7 @@ _SPACE_CATEGORIES = ("Cc", "Zs", "Zl", "Zp")
 
 class _ToSpace(dict):
     """``str.translate`` table filled on first sight of each code point: building it for all
-    1.1M code points up front cost 0.35 s at every import (every CLI start)."""
+    1.1M code points up front would slow every import (every CLI start)."""
 
     def __missing__(self, cp: int) -> str:
         char = chr(cp)
@@ -40,6 +50,17 @@ def normalize_one(text: str) -> str:
         if not text.isprintable():
             text = text.translate(_TO_SPACE)
     return " ".join(text.split())
+
+
+def squeeze_spaces(text: str) -> str:
+    """Whitespace runs collapsed to one space, ends stripped."""
+    return " ".join(text.split())
+
+
+def match_key(text: str) -> str:
+    """Text as compared for duplicates: Unicode NFKC, case-folded, whitespace runs collapsed,
+    trimmed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 class ByteStats:

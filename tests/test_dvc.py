@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
+from tests.imports import imports
 
 
 def dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -115,6 +117,19 @@ def test_dvc_repro_demo_then_nothing_then_only_what_changed(project):
 # ----------------------------------------------------------------------------- the declaration
 
 
+def input_keys(stage: str) -> tuple[str, ...]:
+    """The keys of the stage's own section that its ``inputs`` templates name."""
+    from pairforge.pipeline import stagedefs
+
+    keys = []
+    for template in stagedefs.stage_def(stage).inputs:
+        for ref in re.findall(r"\$\{([A-Za-z_][\w.]*)\}", template):
+            section, _, key = ref.partition(".")
+            if section == stage and key not in keys:
+                keys.append(key)
+    return tuple(keys)
+
+
 def _dvc_stages() -> dict:
     return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
@@ -127,8 +142,9 @@ def test_dvc_yaml_deps_and_params_are_the_stage_declarations():
     stages = _dvc_stages()
     assert set(stages) == set(stagedefs.STAGES)
     for name, stage in stages.items():
-        assert stage["deps"] == stagedefs.dvc_deps(name), name
-        assert stage["params"] == stagedefs.dvc_params(name), name
+        declared = stagedefs.stage_def(name)
+        assert stage["deps"] == [*declared.inputs, *declared.code], name
+        assert stage["params"] == [f"{name}.{key}" for key in declared.params], name
         # A whole section (`- train`) would rerun a stage for keys that change none of its output.
         assert all("." in key for key in stage["params"]), name
 
@@ -143,7 +159,7 @@ def test_every_config_key_is_declared_exactly_once_and_params_yaml_has_the_exact
     for name, model in config_models().items():
         d = stagedefs.STAGES[name]
         groups = {
-            "inputs": set(stagedefs.input_keys(name)),
+            "inputs": set(input_keys(name)),
             "outputs": set(d.outputs),
             "params": {key.split(".")[0] for key in d.params},
             "free": set(d.free),
@@ -171,20 +187,12 @@ def _module_file(module: str) -> str | None:
 
 
 def _project_imports(file: str) -> set[str]:
-    """The project source files ``file`` imports (at the top or inside functions)."""
-    import ast
-
+    """The project source files ``file`` imports (at the top or inside functions, relative and
+    ``importlib`` imports resolved: tests/imports.py)."""
     found = set()
-    for node in ast.walk(ast.parse((ROOT / file).read_text())):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pairforge."):
-            for alias in node.names:
-                target = _module_file(f"{node.module}.{alias.name}") or _module_file(node.module)
-                if target:
-                    found.add(target)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("pairforge.") and _module_file(alias.name):
-                    found.add(_module_file(alias.name))
+    for _, module in imports(ROOT / file, ROOT):
+        if module.startswith("pairforge.") and (target := _module_file(module)):
+            found.add(target)
     return found
 
 

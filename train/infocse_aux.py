@@ -150,10 +150,6 @@ class AuxiliaryMLM(nn.Module):
         for module in (self.embeddings, self.lower):
             module.requires_grad_(False)
 
-    @property
-    def num_lower_layers(self) -> int:
-        return len(self.lower)
-
     @classmethod
     def from_encoder(
         cls,

@@ -6,8 +6,7 @@
 - **deterministic kernels** (``deterministic``), *without* torch's NaN fill of every new tensor.
   That fill (``torch.utils.deterministic.fill_uninitialized_memory``) only guards against kernels
   that read memory they never wrote; no kernel we use does, so results are the same, and bitwise
-  reproducible, without it. It costs a full extra write of every activation and gradient: on a
-  CPU about 100 fills of 3-47 MB per MiniLM step;
+  reproducible, without it. It costs a full extra write of every activation and gradient;
 - **deterministic attention on CUDA** (``deterministic`` and ``cuda``): the fused attention
   kernels that ``scaled_dot_product_attention`` picks on a GPU (flash, memory-efficient, cuDNN)
   have backward passes that accumulate with atomics, so two runs differ, and
@@ -18,8 +17,8 @@
   arithmetic of every CPU run);
 - **keeping freed host memory** (``keep_host_memory``, glibc only): a step allocates its
   activations and gradients afresh and frees them all at its end. glibc returns large freed blocks
-  to the kernel (any block above its mmap threshold, which cannot exceed 32 MiB: MiniLM's 47 MB
-  word-embedding gradient is one; and the top of the heap beyond its trim threshold), so every
+  to the kernel (any block above its mmap threshold, which cannot exceed 32 MiB, such as a
+  word-embedding gradient; and the top of the heap beyond its trim threshold), so every
   step faults the same pages in again, zero-filled by the kernel (in a VM, often by the host as
   well). Here glibc serves every block from its heap and never shrinks it during the run, as
   PyTorch's CUDA caching allocator does for GPU memory; at the end the defaults come back and the
@@ -27,8 +26,7 @@
   one or two steps may still grow the heap: torch asks for 64-byte-aligned blocks, and glibc's
   ``posix_memalign`` looks for a free chunk a little larger than the block, which the block just
   freed is not unless it merged into the top of the heap; once the heap holds such a chunk, every
-  later step is served from it (a 64 MB block, 30 fresh processes: none faulted in after the
-  second step).
+  later step is served from it.
 """
 
 from __future__ import annotations

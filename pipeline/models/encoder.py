@@ -19,8 +19,8 @@ activations, and every later (smaller) batch fits in the blocks it freed. Shorte
 batch asked for slightly larger blocks than any freed before, and the process grew to about
 100 MiB more by the end of a 10k-sentence shard (docs/mine.md). For the same reason ``tokens``
 keeps a shard's token ids as two flat arrays (ids and offsets) rather than the tokenizer's
-per-text encodings (about 5 times their size), and gives freed heap back to the system after
-each batch where the C library can (glibc's ``malloc_trim``).
+per-text encodings (about 5 times their size), and gives freed heap back to the system every
+``TRIM_EVERY`` batches and after the last, where the C library can (glibc's ``malloc_trim``).
 """
 
 from __future__ import annotations
@@ -265,9 +265,9 @@ class SentenceEncoder:
 
 
 _TOKENIZE_CHUNK = 4096  # texts per tokenizer call: bounds its transient encodings
-# Batches between two release_free_heap calls (and one after the last). Measured on the 10k
-# benchmark's embed (docs/mine.md): after every batch 764-772 MiB at 57.7-58.1 s, every 32
-# batches 774-785 MiB at 50.7-51.6 s, never 845-855 MiB at 53.4-53.5 s.
+# Batches between two release_free_heap calls (and one after the last): trimming after every
+# batch costs a system call and the pages faulted in again by the next batch; never trimming
+# lets the heap keep the largest batch's peak for the whole run. benchmarks/mine.py measures it.
 TRIM_EVERY = 32
 
 
@@ -406,9 +406,8 @@ def load_text_encoder(
             f"dtype {dtype!r} applies to the transformers engine; the {engine} engine's "
             f"precision is compute_type (now {compute_type!r}): leave dtype at float32"
         )
-    # OpenMP threads that spin while waiting make torch 2-3x slower on a CPU shared with
-    # other work (measured: 52 vs 113 sentences/s for MiniLM on 2 busy cores); sleeping
-    # waiters cost little on an idle machine. Read once, when torch loads its OpenMP: an
+    # OpenMP threads that spin while waiting take the cores other work needs, and torch slows
+    # several times on a shared CPU; sleeping waiters cost little on an idle machine. Read once, when torch loads its OpenMP: an
     # explicit OMP_WAIT_POLICY, or torch imported earlier, wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch

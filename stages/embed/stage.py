@@ -457,7 +457,7 @@ def _embed_dataset(
         in_process = isinstance(ex, LocalExecutor)
         state = {"lazy": lazy, "reuse": reuse} if in_process else None
         fn = EmbedShard(cfg, key, id_column, reuse is not None, state, lazy.int8_weights)
-        # As write_vectors: small row groups, so that readers stream vectors in bounded memory.
+        # Small row groups, so that readers stream vectors in bounded memory (VECTOR_ROW_GROUP).
         writer.write_options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
         facts: list[dict[str, Any]] = []
         map_shards(fn, source, {"vectors": writer}, ex, f"embed/{name}", progress, facts=facts)

@@ -209,7 +209,7 @@ def _has_nul(raw: pa.Array, text: pa.Array) -> np.ndarray:
 
 
 def _strings(values: list) -> pa.Array:
-    # pa.array(values, pa.string()) is ~1000x slower on lists of mostly None than this path.
+    # pa.array(values, pa.string()) is far slower on lists of mostly None than this path.
     return pa.array(values, pa.large_string()).cast(pa.string())
 
 

@@ -5,7 +5,7 @@ DebCSE's band filter and eq. 2 read. Three index kinds:
 
 - ``"flat"``: exact brute force (``IndexFlatIP``). Default up to ``flat_max`` vectors.
 - ``"ivf"``: ``IndexIVFFlat`` (or ``IndexIVFScalarQuantizer`` with ``ivf_codec="sq8"``: one byte
-  per component, 4x less memory and about 2x faster scans on CPU, scores off by ~1e-3, which
+  per component, 4x less memory and faster scans on CPU, scores off by ~1e-3, which
   callers can rescore exactly; ``"sq6"`` and ``"sq4"``: 6 and 4 bits, 5.3x and 8x less memory,
   coarser scores, so a neighbour near the k-th may be missed before the rescoring) with
   ``nlist`` k-means cells trained on a seeded sample; a query scans ``nprobe`` cells. Default above ``flat_max`` because it also runs on GPU.
@@ -151,7 +151,7 @@ def build_index(
     ``flat_max`` rows, else ``"ivf"``. IVF: ``nlist`` defaults to ``4 sqrt(n)`` (at most ``n / 39``),
     ``nprobe`` to ``max(8, nlist / 32)`` capped at ``nlist``, and k-means trains on a seeded sample of
     ``train_size`` rows (default ``64 * nlist``) for ``train_iterations`` k-means rounds (faiss's
-    default 25; 10 loses little recall and costs 2.5x less), ``ivf_codec`` stores the vectors in
+    default 25; fewer rounds cost proportionally less and lose little recall), ``ivf_codec`` stores the vectors in
     full (``flat``) or as 8-, 6- or 4-bit scalars (``sq8``, ``sq6``, ``sq4``). HNSW: ``hnsw_m``
     links per node, ``ef_construction`` and ``ef_search`` beam widths. ``use_gpu="auto"`` moves flat and IVF indexes to all GPUs when
     :func:`gpu_available`; ``True`` demands it (RuntimeError otherwise; ValueError for HNSW, which

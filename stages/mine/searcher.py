@@ -122,7 +122,7 @@ class Searcher:
         exact = np.empty(ids.shape, dtype=np.float32)  # (b, k)
         for lo in range(0, len(queries), RESCORE_CHUNK):
             hi = min(len(queries), lo + RESCORE_CHUNK)
-            # q_i . v_ids[i, j] in faiss's C++ (no (b, k, d) gather in numpy: 2-3x faster).
+            # q_i . v_ids[i, j] in faiss's C++, without numpy's (b, k, d) gather.
             faiss.fvec_inner_products_by_idx(
                 faiss.swig_ptr(exact[lo:hi]),
                 faiss.swig_ptr(queries[lo:hi]),

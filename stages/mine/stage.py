@@ -55,7 +55,7 @@ from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
 from pydantic import Field, model_validator
 
 if TYPE_CHECKING:
-    # FAISS loads with the searcher (0.1-0.5 s): only when the stage runs, not with its config.
+    # FAISS loads with the searcher: only when the stage runs, not with its config.
     from pairforge.stages.mine.searcher import Searcher
 
 log = logging.getLogger("pairforge")

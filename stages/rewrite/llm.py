@@ -27,8 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pairforge.pipeline.candidate_quality import normalize_ws
 from pairforge.pipeline.errors import ConfigError, PairforgeError
+from pairforge.pipeline.text import squeeze_spaces
 
 log = logging.getLogger("pairforge")
 
@@ -393,7 +393,7 @@ def _ascii_letter_share(text: str) -> float:
 
 
 def _comparable(text: str) -> str:
-    return normalize_ws(text).casefold().rstrip(".!?;: ")
+    return squeeze_spaces(text).casefold().rstrip(".!?;: ")
 
 
 def validate_rewrite(source: str, answer: str, v: Validation) -> tuple[str, str | None]:

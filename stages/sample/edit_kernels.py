@@ -99,8 +99,8 @@ def _dp(a, a0, m, b, b0, n, indel, row):
 
 # One explicit signature: the kernel compiles once, when this module is imported (or loads from
 # numba's cache), never inside a scoring call. Inputs are typed read-only, which accepts writable
-# arrays too (a safe conversion), whereas a lazily typed kernel compiled a second specialisation
-# (~30 s) the first time the sample stage passed read-only row indices from Arrow.
+# arrays too (a safe conversion), whereas a lazily typed kernel would compile a second
+# specialisation the first time the sample stage passes read-only row indices from Arrow.
 _CODES = types.Array(types.int32, 1, "C", readonly=True)
 _ROWS = types.Array(types.int64, 1, "C", readonly=True)
 PAIR_KERNEL_SIGNATURE = types.void(

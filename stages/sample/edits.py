@@ -378,7 +378,7 @@ def numba_kernels() -> dict[str, Any]:
     ``edit_kernels.py`` (an editable install: the repository; a wheel: site-packages) when that
     is writable, else in the user's cache folder (``~/.cache/numba``). An entry is keyed by the
     source's content hash, the signature and the CPU, so a fresh install compiles once (the
-    first ``sample``, ~30 s on two cores) and every later process loads (~1 s).
+    first ``sample``) and every later process loads the compiled kernel.
     """
     numba_unavailable()
     return {"cache": _NUMBA_STATUS["cache"], "seconds": _NUMBA_STATUS["seconds"]}
@@ -433,8 +433,8 @@ def code_distances(
     out_float = np.empty(n if normalized else 0, dtype=np.float32)
     if n:
         before = numba.get_num_threads()
-        # Waking numba's worker threads costs up to a scheduler slice (~10 ms measured on a
-        # busy 2-core machine): more than a small call's whole work.
+        # Waking numba's worker threads costs up to a scheduler slice: more than a small call's
+        # whole work.
         n_threads = _numba_threads(threads) if n >= _PARALLEL_MIN_PAIRS else 1
         numba.set_num_threads(n_threads)
         try:

@@ -26,8 +26,8 @@ from pairforge.pipeline.mining_inputs import (
     open_embeddings,
     take_rows,
 )
-from pairforge.pipeline.pools import normalize_text
 from pairforge.pipeline.shards import Dataset, open_dataset
+from pairforge.pipeline.text import match_key
 from pairforge.stages.sample.edits import PairScorer
 from pairforge.stages.sample.pairs import draw, gather, pick_route, ragged_list, score_pools
 from pairforge.stages.sample.selection import (
@@ -375,12 +375,12 @@ def _apply_short(
 
 def first_of_text(group: np.ndarray, texts: Sequence[str]) -> np.ndarray:
     """For each candidate, the position of the first candidate of its group (anchor) whose text
-    is the same once normalised (``pools.normalize_text``: NFKC, case-folded, spaces collapsed);
+    is the same once normalised (``text.match_key``: NFKC, case-folded, spaces collapsed);
     a candidate is its own first when its text is new. Shape ``(len(texts),)`` int64."""
     seen: dict[tuple[int, str], int] = {}
     return np.fromiter(
         (
-            seen.setdefault((int(g), normalize_text(t)), i)
+            seen.setdefault((int(g), match_key(t)), i)
             for i, (g, t) in enumerate(zip(group, texts, strict=True))
         ),
         dtype=np.int64,

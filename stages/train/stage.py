@@ -21,7 +21,8 @@ is, so editing another objective's recipe retrains nothing.
 
 Resumable: a killed run continues from its newest checkpoint (every ``save_every`` steps) and ends
 with the same weights as an uninterrupted one. Multi-GPU on one node:
-``torchrun --nproc_per_node N -m stages.cli train`` (``batch_size`` is the global batch).
+``torchrun --nproc_per_node N -m pairforge.stages.cli train`` (``batch_size`` is the global
+batch).
 
 Outputs: ``models/<objective>/model`` (a sentence-transformers folder, see train/export.py),
 ``models/<objective>/history.json``, ``metrics/train.json``, training curves as DVC plot data

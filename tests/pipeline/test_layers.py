@@ -1,26 +1,17 @@
 """The layers: ``pipeline/`` imports neither ``stages/`` nor ``train/``, and ``train/`` does not
-import ``stages/``; every module of each folder is read (ast), imports inside functions included."""
+import ``stages/``; every module of each folder is read (ast), imports inside functions, relative
+imports and ``importlib`` calls with a literal module included."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
+from tests.imports import imports
+
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN = {"pipeline": ("pairforge.stages", "pairforge.train"), "train": ("pairforge.stages",)}
-
-
-def imports(path: Path) -> list[tuple[int, str]]:
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.append((node.lineno, node.module))
-            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
-    return found
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
@@ -30,7 +21,7 @@ def test_a_layer_imports_no_layer_above_it(layer):
     wrong = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
         for path in files
-        for line, name in imports(path)
+        for line, name in imports(path, ROOT)
         if name == "pairforge"
         or any(name == f or name.startswith(f + ".") for f in FORBIDDEN[layer])
     ]
@@ -38,6 +29,39 @@ def test_a_layer_imports_no_layer_above_it(layer):
 
 
 def test_the_check_sees_a_nested_import(tmp_path):
-    module = tmp_path / "m.py"
+    module = tmp_path / "pipeline" / "m.py"
+    module.parent.mkdir()
     module.write_text("def f():\n    from pairforge.stages.embed import stage\n")
-    assert (2, "pairforge.stages.embed") in imports(module)
+    assert (2, "pairforge.stages.embed") in imports(module, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "source, line, name",
+    [
+        ("from ...stages import cli\n", 1, "pairforge.stages.cli"),
+        ("from ...stages.embed.stage import run\n", 1, "pairforge.stages.embed.stage"),
+        ("from . import shards\n", 1, "pairforge.pipeline.models.shards"),
+        ("from .. import shards\n", 1, "pairforge.pipeline.shards"),
+        (
+            "import importlib\nimportlib.import_module('pairforge.train.loop')\n",
+            2,
+            "pairforge.train.loop",
+        ),
+        (
+            "from importlib import import_module\nimport_module('pairforge.stages')\n",
+            2,
+            "pairforge.stages",
+        ),
+        (
+            "import importlib\nimportlib.import_module('...stages.cli', 'pairforge.pipeline.models')\n",
+            2,
+            "pairforge.stages.cli",
+        ),
+        ("__import__('pairforge.train')\n", 1, "pairforge.train"),
+    ],
+)
+def test_the_check_resolves_relative_and_importlib_imports(tmp_path, source, line, name):
+    module = tmp_path / "pipeline" / "models" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(source)
+    assert (line, name) in imports(module, tmp_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pairforge.pipeline.pools import EXCLUSION_REASONS, build_negative_pools, normalize_text
+from pairforge.pipeline.pools import EXCLUSION_REASONS, build_negative_pools
+from pairforge.pipeline.text import match_key
 from pairforge.stages.mine.index import build_index, search
 
 F32 = np.float32
@@ -80,9 +81,9 @@ def test_augmentations_belong_to_their_own_anchor():
     assert pools.pool(1)[0].tolist() == [2]  # a legitimate negative of anchor 1
 
 
-def test_normalize_text():
-    assert normalize_text("  Hello\tWORLD \u00a0 again ") == "hello world again"
-    assert normalize_text("ﬁne") == "fine"  # NFKC folds the ligature
+def test_match_key():
+    assert match_key("  Hello\tWORLD \u00a0 again ") == "hello world again"
+    assert match_key("ﬁne") == "fine"  # NFKC folds the ligature
 
 
 def test_fallback_none_keeps_short_pools_and_reports_them():

@@ -21,7 +21,6 @@ from pairforge.pipeline.shards import (
     file_checksums,
     open_dataset,
     run_info_path,
-    shard_schema_name,
 )
 
 
@@ -101,7 +100,7 @@ def test_round_trip_and_manifest(tmp_path):
     assert run["created_at"].endswith("Z") and run["finished_at"].endswith("Z") and run["host"]
     assert set(run["verified_reads"]) == {"shards", "bytes", "seconds"}
     assert not (tmp_path / "ds" / "_progress").exists()
-    assert shard_schema_name(ds.files[0]) == "sentences"
+    assert pq.read_schema(ds.files[0]).metadata[S.META_SCHEMA] == b"sentences"
 
 
 def test_other_tools_read_the_shards(tmp_path):

@@ -14,9 +14,18 @@ import numpy as np
 import pyarrow as pa
 import yaml
 from pairforge.pipeline import schemas as S
-from pairforge.pipeline.mining_inputs import write_vectors
-from pairforge.pipeline.shards import DatasetWriter
+from pairforge.pipeline.mining_inputs import VECTOR_ROW_GROUP
+from pairforge.pipeline.shards import DatasetWriter, ShardInfo, write_shard
 from pairforge.pipeline.text import sentence_id
+
+
+def write_vectors(
+    writer: DatasetWriter, index: int, table: pa.Table, counts: dict[str, int] | None = None
+) -> ShardInfo:
+    """Write shard ``index`` of an embeddings dataset in the row groups embed writes."""
+    options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
+    return write_shard(writer.path, index, table, writer.spec, writer.name, counts, **options)
+
 
 WORDS = [
     "the",

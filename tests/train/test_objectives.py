@@ -7,10 +7,12 @@ so that every cosine is 0, ±1 or ±1/√2.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from pairforge.pipeline.models.pooling import pool
 from pairforge.train.objectives import (
     COLUMNS,
     OBJECTIVES,
@@ -26,7 +28,6 @@ from pairforge.train.objectives.bsl import (
     bsl_loss,
     ema_update,
     make_target,
-    mean_pool,
     negative_cosine,
 )
 from pairforge.train.objectives.combined import Combined
@@ -393,7 +394,8 @@ def test_bsl_loss_stops_the_gradient_at_the_targets():
 def test_mean_pool_ignores_padding():
     hidden = t([[[1, 2], [3, 4], [100, 100]], [[5, 6], [0, 0], [0, 0]]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert mean_pool(hidden, mask).tolist() == [[2.0, 3.0], [5.0, 6.0]]
+    outputs = SimpleNamespace(last_hidden_state=hidden)
+    assert pool(outputs, mask, "mean").tolist() == [[2.0, 3.0], [5.0, 6.0]]
 
 
 def test_predictor_shape_d_kd_kd_d_with_batchnorm_and_relu():

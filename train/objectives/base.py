@@ -222,11 +222,6 @@ def pool_features(
     return pool(outputs, mask, pooling), outputs
 
 
-def cls_pool(last_hidden_state: torch.Tensor) -> torch.Tensor:
-    """The first token's vector, ``(batch_size, seq_len, dim) -> (batch_size, dim)``."""
-    return last_hidden_state[:, 0]
-
-
 def trainable_parameters(*modules: nn.Module) -> Iterator[nn.Parameter]:
     """Parameters of ``modules`` that require grad, each once.
 

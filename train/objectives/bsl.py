@@ -32,17 +32,6 @@ from pairforge.train.objectives.base import (
 from torch import nn
 
 
-def mean_pool(hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Average of the non-padding token vectors.
-
-    ``hidden_states``: ``(batch_size, seq_len, dim)``; ``attention_mask``: ``(batch_size, seq_len)``,
-    1 on real tokens. Returns ``(batch_size, dim)``.
-    """
-    mask = attention_mask.unsqueeze(-1).to(hidden_states.dtype)  # (batch_size, seq_len, 1)
-    counts = mask.sum(dim=1).clamp(min=1.0)  # (batch_size, 1)
-    return (hidden_states * mask).sum(dim=1) / counts
-
-
 def negative_cosine(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``D(z, h) = -cos(z, h)``, averaged over the batch; the target is a stop-gradient.
 

@@ -49,7 +49,6 @@ from pairforge.train.objectives.simcse import SimCSEPooler, cosine_matrix
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"
-ROLES = ("anchor", "positive", "negative")
 
 # Table 1 of the paper, in order anchor, positive, hard negative.
 BERT_TEMPLATES = (

@@ -14,9 +14,9 @@ from pairforge.pipeline import schemas as S
 from pairforge.pipeline.dataset_card import CARD
 from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
 from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.pools import normalize_text
 from pairforge.pipeline.schemas import SchemaError
 from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.text import match_key
 from pairforge.stages.mine.stage import MineConfig
 from pairforge.stages.mine.stage import run as mine
 from pairforge.stages.sample.pairs import draw, score_pools
@@ -106,7 +106,7 @@ def _distinct(candidates: list[dict]) -> list[dict]:
     seen: set[str] = set()
     out = []
     for c in candidates:
-        key = normalize_text(c[S.TEXT])
+        key = match_key(c[S.TEXT])
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -575,8 +575,8 @@ def test_rewrites_are_a_second_positive_source(mined, tmp_path):
     seen = 0
     for row in pairs:
         own = rewrites.get(row[S.ID])
-        texts = {normalize_text(c[S.TEXT]) for c in kept.get(row[S.ID], [])}
-        new = own is not None and normalize_text(own[S.TEXT]) not in texts
+        texts = {match_key(c[S.TEXT]) for c in kept.get(row[S.ID], [])}
+        new = own is not None and match_key(own[S.TEXT]) not in texts
         assert row["positive_pool_size"] == usable.get(row[S.ID], 0) + new
         assert ("llm" in row[S.POSITIVE_ROUTES]) == (own is not None)
         if own is None:

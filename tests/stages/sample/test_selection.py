@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pytest
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.pools import normalize_text
 from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.text import match_key
 from pairforge.stages.sample.selection import (
     pool_ranks,
     positive_scores,
@@ -142,7 +142,7 @@ def _best_positive(root) -> dict[str, float]:
     best: dict[str, float] = {}
     seen = set()
     for i, c in enumerate(cands.to_pylist()):
-        key = (c[S.ID], normalize_text(c[S.TEXT]))
+        key = (c[S.ID], match_key(c[S.TEXT]))
         if c[S.IDENTICAL] or key in seen:
             continue
         seen.add(key)
