@@ -89,7 +89,7 @@ SAMPLERS = {
     "calibrated": Sampler(_CAL),
     # Variants of the negatives, each one change from the above (docs/quality.md, "variants"):
     "calibrated_l2": Sampler((*_CAL, "--lambda-n", "0.2")),  # surface first: λn 0.2
-    # The calibrated IPW's τ, chosen on dev (docs/mine.md defers it here): sharper, flatter.
+    # The calibrated IPW's τ, to be chosen on dev: sharper, flatter.
     "calibrated_t025": Sampler(("--ipw", "calibrated", "--temperature", "0.25")),
     "calibrated_t1": Sampler(("--ipw", "calibrated", "--temperature", "1.0")),
     "knn_uniform": Sampler(("--ipw", "uniform"), pools="knn"),

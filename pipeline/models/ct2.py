@@ -3,8 +3,8 @@
 (``int8`` by default: int8 weights and dynamically quantised activations), cached under
 ``models_dir`` by model, revision and quantisation as the back-translation models are
 (``pipeline.modelfiles``). Its token states go through the same ``pooling.pool`` as the
-torch engine's, so every pooling means the same thing on both. Measured against the torch engine
-in docs/mine.md (benchmarks/embed_int8.py). It has no training mode: dropout views need torch.
+torch engine's, so every pooling means the same thing on both. benchmarks/embed_int8.py
+measures it against the torch engine (docs/mine.md, "Engines: int8 on the CPU"). It has no training mode: dropout views need torch.
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ class SentenceEncoder:
 _TOKENIZE_CHUNK = 4096  # texts per tokenizer call: bounds its transient encodings
 # Batches between two release_free_heap calls (and one after the last): trimming after every
 # batch costs a system call and the pages faulted in again by the next batch; never trimming
-# lets the heap keep the largest batch's peak for the whole run. benchmarks/mine.py measures it.
+# lets the heap keep the largest batch's peak for the whole run (benchmarks/results/
+# embed_trim-2026-11-26.md).
 TRIM_EVERY = 32
 
 

@@ -6,11 +6,11 @@ quantised per tensor at run time; ``float32`` runs the export as it is). Both ar
 (``pipeline.modelfiles``), the int8 model made from the cached float32 export. Its token states
 go through the same ``pooling.pool`` as the torch engine's, so every pooling means the same thing
 on both. It runs on CPU (the ``onnxruntime`` package has no GPU provider) and has no training
-mode: dropout views need torch. Measured against the torch engine in docs/mine.md
-(benchmarks/embed_int8.py).
+mode: dropout views need torch. benchmarks/embed_int8.py measures it against the torch engine
+(docs/mine.md, "Engines: int8 on the CPU").
 
-How int8 is made (each choice is part of the cached model's name and record; docs/mine.md
-measures them on MiniLM):
+How int8 is made (each choice is part of the cached model's name and record; the records that
+chose them are linked from docs/mine.md):
 
 - ``smooth`` (SmoothQuant, Xiao et al. 2023; default alpha 0.8): a BERT's hidden states carry a
   few channels tens of times larger than the rest, which a per-tensor activation scale turns
@@ -55,7 +55,7 @@ Float32Layers = Literal["none", "ffn_output", "ffn"]
 FLOAT32_LAYERS: tuple[str, ...] = get_args(Float32Layers)
 Int8Weights = Literal["uint8", "int8"]
 INT8_WEIGHTS: tuple[str, ...] = get_args(Int8Weights)
-SMOOTH_ALPHA = 0.8  # measured best of 0.5-0.9 on MiniLM (docs/mine.md)
+SMOOTH_ALPHA = 0.8  # chosen on MiniLM: benchmarks/results/embed_int8-2026-11-26-smoothquant-recipes.md
 CALIBRATION = Path(__file__).with_name("calibration.txt")
 CALIBRATION_BATCH = 32
 # The encoders whose transformers classes export with token states and an optional pooler, and
@@ -204,7 +204,7 @@ def load_onnxruntime(
     if compute_type == "int8" and recipe.weights == "int8" and int8_weights_for_cpu() == "uint8":
         log.warning(
             "int8 weights on a CPU without VNNI: ONNX Runtime's kernel saturates their products "
-            "(vectors measurably further from float32: docs/mine.md); uint8 weights suit it"
+            "(vectors further from float32); uint8 weights suit it"
         )
     folder, _ = convert_onnx(ref, compute_type, models_dir, recipe)
     session = ort.InferenceSession(
@@ -490,7 +490,7 @@ def smooth_weights(source: Path, path: Path, alpha: float, tokenizer: Any) -> No
 def _quiet_root_logger():
     """ONNX Runtime's quantiser advises pre-processing (symbolic shapes, graph optimisation)
     through ``logging.warning``, on the root logger, which that call also configures when it has
-    no handler. Not taken: docs/mine.md measures the export quantised as it is; and the user's
+    no handler. Not taken: the int8 records measure the export quantised as it is; and the user's
     logging is not this module's to configure."""
     root = logging.getLogger()
     null = logging.NullHandler()

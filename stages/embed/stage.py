@@ -81,7 +81,7 @@ class EmbedConfig(StageConfig):
         "transformers",
         description="transformers (torch, in dtype), ctranslate2 (the model converted once at "
         "compute_type) or onnxruntime (exported once to ONNX, quantised dynamically at "
-        "compute_type; CPU); both BERT-family encoders; docs/mine.md measures all three",
+        "compute_type; CPU); both BERT-family encoders (docs/mine.md compares them)",
     )
     compute_type: Literal["int8", "int8_float32", "float32", "int8_float16", "float16"] = Field(
         "int8",
@@ -185,7 +185,7 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
 
 def batch_dependent(cfg: EmbedConfig) -> bool:
     """Whether a text's vector depends on the batch it is encoded in beyond float rounding:
-    onnxruntime's int8 quantises activations with one scale per batch tensor (docs/mine.md), so
+    onnxruntime's int8 quantises activations with one scale per batch tensor, so
     its batch size and token budget (and the texts' order, fixed by the input) are part of the
     fingerprint."""
     return cfg.engine == "onnxruntime" and cfg.compute_type != "float32"

@@ -252,7 +252,8 @@ def test_batch_tokens_bounds_each_batch_and_keeps_the_vectors(tiny):
 
 def test_free_heap_is_released_every_few_batches_and_after_the_last(tiny, monkeypatch):
     """glibc's malloc_trim after every TRIM_EVERY-th batch and once after the last: each call
-    costs a re-fault of the next batch's pages, so not after every batch (docs/mine.md)."""
+    costs a re-fault of the next batch's pages, so not after every batch
+    (benchmarks/results/embed_trim-2026-11-26.md)."""
     from pairforge.pipeline.models import encoder as module
 
     calls = []
