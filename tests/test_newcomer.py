@@ -17,8 +17,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pairforge.pipeline import sts
 
 from tests.conftest import ROOT
+from tests.sts_reference import reference_score, st_encoder
 
 pytestmark = pytest.mark.slow
 
@@ -86,8 +88,14 @@ def test_a_fresh_clone_without_the_sts_data_runs_the_demo_to_the_evaluation_tabl
     assert metrics["data"] is None and metrics["align_task"] == "demo_test"
     models = metrics["models"]
     assert "debcse" in models and len(models) >= 2  # the trained model beside its base
+    demo_test = sts.load_task(clone / "data" / "demo" / "eval", "demo_test")
     for scores in models.values():
         assert -100 <= scores["demo_test"] <= 100 and scores["avg"] == scores["demo_test"]
+        # Each score is what sentence-transformers' vectors and scipy's Spearman give.
+        trained = scores["trained"] is not None
+        encoder = st_encoder(scores["model"], scores["pooling"], trained, cwd=clone)
+        reference = reference_score(encoder, demo_test)
+        assert scores["demo_test"] == pytest.approx(reference, abs=0.01), scores["model"]
     # The checkpoint was selected on the demo set's dev split.
     assert models["debcse"]["trained"]["dev"]["demo_dev"] is not None
     assert "| debcse | " in report

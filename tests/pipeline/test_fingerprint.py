@@ -7,6 +7,7 @@ import shutil
 import pyarrow as pa
 import pytest
 import yaml
+from pairforge.pipeline import fingerprint as fp_module
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline import stagedefs
 from pairforge.pipeline.fingerprint import dataset_token, fingerprint
@@ -53,8 +54,8 @@ def test_a_missing_declared_key_is_an_error_naming_it():
         fingerprint("mine", mine)
 
 
-def _dataset(path, texts: list[str]):
-    writer = DatasetWriter(path, S.SENTENCES, stage="t", params={}, fingerprint="f")
+def _dataset(path, texts: list[str], stage: str = "t", run_fingerprint: str = "f"):
+    writer = DatasetWriter(path, S.SENTENCES, stage=stage, params={}, fingerprint=run_fingerprint)
     table = pa.table(
         {
             S.ID: [f"{i:016x}" for i in range(len(texts))],
@@ -98,7 +99,21 @@ def test_the_code_hash_covers_the_declared_code_only(tmp_path, monkeypatch):
     assert stagedefs.code_hash("mine") != base
 
 
-def test_manifests_name_the_same_code_the_fingerprint_hashes():
+def test_manifests_name_the_same_code_the_fingerprint_hashes(tmp_path, monkeypatch):
+    params = _params()
     for stage in stagedefs.STAGES:
         assert source_hash(stage) == stagedefs.code_hash(stage)
         assert code_version(stage, git=False).endswith(f"+src.{stagedefs.code_hash(stage)}")
+        # A dataset of the stage, written as its runs write them: the code its manifest names is
+        # the code its fingerprint hashes (with it in place of the stage's code hash, the same
+        # fingerprint; with another, not the same).
+        section = params[stage]
+        real = fingerprint(stage, section)
+        manifest = _dataset(tmp_path / stage, ["one"], stage, real).manifest
+        assert manifest["stage"] == stage and manifest["fingerprint"] == real
+        named = manifest["code_version"].rsplit("+src.", 1)[1]
+        with monkeypatch.context() as patched:
+            patched.setattr(fp_module, "source_hash", {stage: named}.get)
+            assert fingerprint(stage, section) == real, stage
+            patched.setattr(fp_module, "source_hash", {stage: "0" * 12}.get)
+            assert fingerprint(stage, section) != real, stage

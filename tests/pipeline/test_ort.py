@@ -11,6 +11,7 @@ import logging
 import re
 
 import numpy as np
+import onnxruntime  # noqa: F401 (required: a broken install must fail, not skip)
 import pytest
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.modelfiles import resolve_translation_model
@@ -31,8 +32,6 @@ from pairforge.pipeline.models.ort import (
 
 from tests.stages.mining_fixtures import one_torch_thread  # noqa: F401
 from tests.stages.mining_helpers import make_texts
-
-pytest.importorskip("onnxruntime")
 
 POOLINGS = ["mean", "cls", "cls_before_pooler", "mask"]
 

@@ -100,7 +100,12 @@ def test_stage_writes_scored_candidates_and_accounts_for_every_translation(
     t = metrics["translations"]
     assert t["requested"] == t["dedup_saved"] + t["cache_hits"] + t["performed"]
     assert t["performed"] == counted["texts"] > 0
-    assert metrics["routes"]["en-xx-en"]["forward"]["dedup_saved"] >= 10  # the repeated texts
+    # The ten repeated texts, once per route; their noised copies differ (noise is seeded by the
+    # sentence id), so nothing else is saved.
+    assert metrics["routes"]["en-xx-en"]["forward"]["dedup_saved"] == 10
+    assert metrics["routes"]["en-yy-en"]["forward"]["dedup_saved"] == 10
+    assert metrics["routes"]["en-xx-en"]["forward"]["requested"] == 60 * 3  # with 2 noised
+    assert metrics["routes"]["en-yy-en"]["forward"]["requested"] == 60
 
     rows = cands.filter(pc.equal(cands[S.ROUTE], "en-xx-en")).to_pylist()
     by_id = dict(zip(ids, texts, strict=True))
@@ -120,7 +125,11 @@ def test_stage_writes_scored_candidates_and_accounts_for_every_translation(
         "sample(top_k=10,top_p=1.0,temperature=1.0)#1",
     }
     assert metrics["noise"]["insert"] + metrics["noise"]["mask"] == 120
-    assert metrics["routes"]["en-xx-en"]["identical"] >= 60
+    # The copy model gives back every un-noised sentence with each of the 3 decodings, and no
+    # noised one: its inserted word stays, its masked word goes.
+    assert metrics["routes"]["en-xx-en"]["identical"] == 60 * 3
+    assert all(r[S.IDENTICAL] == (r[S.NOISE] == "none") for r in rows)
+    assert metrics["routes"]["en-yy-en"]["identical"] == 0  # the random model
     assert metrics["standin"] is False
     assert (tmp_path / "plots/candidates.png").stat().st_size > 1000
     on_disk = json.loads((tmp_path / "metrics/candidates.json").read_text())

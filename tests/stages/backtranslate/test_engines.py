@@ -40,15 +40,44 @@ def test_engines_give_the_same_greedy_output(request, model, corpus, tmp_path):
         assert len({o[0] for o in out_hf}) > 5
 
 
-def test_min_and_max_length_give_fixed_output_length(tiny_marian, tmp_path):
-    ref = resolve_translation_model(str(tiny_marian))
-    for engine in ("transformers", "ctranslate2"):
-        tr = load_translator(ref, engine_settings(engine, "cpu", "float32", 1, str(tmp_path)))
-        ids = tr.encode(["River stone market.", "A b"], 64)
-        outs = tr.translate(ids, Decoding(), max_new=9, min_new=9, seed=0)
-        tokens = [tr.tokenizer(o[0], add_special_tokens=False)["input_ids"] for o in outs]
-        # Detokenising and tokenising again can merge pieces; never more than the fixed length.
-        assert all(0 < len(t) <= 9 for t in tokens), tokens
+def record_output_lengths(translator, monkeypatch) -> list[int]:
+    """The number of tokens of each output the translator decodes from now on (its ids less the
+    decoder's start, end and padding), appended as both engines hand them to ``decode``."""
+    lengths: list[int] = []
+    decode = translator.decode
+    special = {translator.pad_id, translator.tokenizer.eos_token_id}
+
+    def recording(ids):
+        lengths.extend(sum(i not in special for i in row) for row in ids)
+        return decode(ids)
+
+    monkeypatch.setattr(translator, "decode", recording)
+    return lengths
+
+
+def test_min_and_max_length_give_fixed_output_length(
+    tiny_marian, copy_marian, tmp_path, monkeypatch
+):
+    """Both bounds at work: the random model runs past 9 tokens unless cut, the copying model
+    ends "A b" after 3 unless held to the minimum."""
+    for model in (tiny_marian, copy_marian):
+        ref = resolve_translation_model(str(model))
+        for engine in ("transformers", "ctranslate2"):
+            tr = load_translator(ref, engine_settings(engine, "cpu", "float32", 1, str(tmp_path)))
+            lengths = record_output_lengths(tr, monkeypatch)
+            ids = tr.encode(["River stone market.", "A b"], 64)
+            outs = tr.translate(ids, Decoding(), max_new=9, min_new=9, seed=0)
+            tokens = [tr.tokenizer(o[0], add_special_tokens=False)["input_ids"] for o in outs]
+            # Detokenising and tokenising again can merge pieces; never more than the fixed length.
+            assert all(0 < len(t) <= 9 for t in tokens), tokens
+            assert lengths == [9, 9], (model.name, engine)
+            lengths.clear()
+            if model == copy_marian:  # without the minimum the copy ends, so it was held
+                free = tr.translate(ids, Decoding(), max_new=9, min_new=0, seed=0)
+                assert lengths == [9, 3] and free[1] == ["A b"], (engine, free)
+            else:  # without the maximum the random model runs on, so it was cut
+                tr.translate(ids, Decoding(), max_new=20, min_new=0, seed=0)
+                assert all(n > 9 for n in lengths), (engine, lengths)
 
 
 def test_ctranslate2_conversion_is_cached_by_revision_and_quantization(

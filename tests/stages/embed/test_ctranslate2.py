@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import ctranslate2  # noqa: F401 (required: a broken install must fail, not skip)
 import numpy as np
 import pytest
 from pairforge.pipeline import runner
@@ -17,8 +18,6 @@ from pairforge.pipeline.shards import open_dataset
 from pairforge.stages.embed.stage import EmbedConfig, run
 
 from tests.stages.mining_helpers import copy_project, make_texts, read_json
-
-pytest.importorskip("ctranslate2")
 
 POOLINGS = ["mean", "cls", "cls_before_pooler", "mask"]
 

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.errors import ConfigError, PairforgeError
 from pairforge.pipeline.runner import LocalExecutor
 from pairforge.pipeline.shards import open_dataset
-from pairforge.stages.rewrite.llm import ChatClient, ChatSettings, Validation, validate_rewrite
+from pairforge.stages.rewrite import llm
+from pairforge.stages.rewrite.llm import (
+    ChatClient,
+    ChatSettings,
+    RateLimiter,
+    Validation,
+    validate_rewrite,
+)
 from pairforge.stages.rewrite.stage import RewriteConfig, run
 
 from tests.conftest import run_cli
@@ -150,40 +158,65 @@ def test_concurrency_and_rate_limits_hold(tmp_path, monkeypatch):
         )
         assert 1 < server.max_in_flight <= 3
     write_sentences(tmp_path / "more", make_sentences(8, seed=14), rows_per_shard=8)
+    clock = StoppedClock()
+    monkeypatch.setattr(llm, "time", clock)
     with FaultyChatServer() as server:
-        cfg = settings(tmp_path, server, name="limited", concurrency=4, requests_per_minute=600)
+        cfg = settings(
+            tmp_path, server, name="limited", concurrency=4, requests_per_minute=600, timeout=10.0
+        )
         cfg["input"] = str(tmp_path / "more")
-        run(RewriteConfig.model_validate(cfg), LocalExecutor(), progress=False)
-        arrivals = server.arrivals
-        # 600/min: one request per 0.1 s. The first requests also open connections and may
-        # arrive late, so allow one interval of slack at the server.
-        assert len(arrivals) == 8 and arrivals[-1] - arrivals[0] >= 6 * 0.1 * 0.9
+        metrics = run(RewriteConfig.model_validate(cfg), LocalExecutor(), progress=False)
+        assert len(server.arrivals) == 8 and metrics["requests_sent"] == 8
+    # 600/min: one request per 0.1 s. Sent at one instant of the limiter's clock, the 8 requests
+    # wait 0 to 7 intervals, each its own; no retry's backoff is among the waits.
+    assert sorted(clock.waits) == pytest.approx([0.1 * i for i in range(1, 8)])
 
 
-def test_rate_limiter_spaces_acquisitions_across_threads():
-    import threading
-    import time
+class StoppedClock:
+    """The rate limiter's clock (``llm.time``) stopped at one instant: ``sleep`` records the wait
+    it is asked for and returns at once. The waits the limiter computes are then exact, whatever
+    the machine's load does to the threads' timing."""
 
-    from pairforge.stages.rewrite.llm import RateLimiter
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.waits: list[float] = []
+        self._lock = threading.Lock()
 
-    limiter, times, lock = RateLimiter(1200), [], threading.Lock()
+    def monotonic(self) -> float:
+        return self.now
 
-    def take() -> None:
+    def sleep(self, seconds: float) -> None:
+        with self._lock:
+            self.waits.append(seconds)
+
+
+def test_rate_limiter_spaces_acquisitions_across_threads(monkeypatch):
+    clock = StoppedClock()
+    monkeypatch.setattr(llm, "time", clock)
+    limiter, taken, lock, start = RateLimiter(1200), [], threading.Lock(), threading.Barrier(3)
+
+    def take(thread: int) -> None:
+        start.wait()
         for _ in range(4):
             limiter.acquire()
             with lock:
-                times.append(time.monotonic())
+                taken.append(thread)
 
-    threads = [threading.Thread(target=take) for _ in range(3)]
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    times.sort()
-    assert (
-        len(times) == 12
-        and min(b - a for a, b in zip(times, times[1:], strict=False)) >= 0.05 * 0.9
-    )
+    assert len(taken) == 12 and sorted(taken) == [0] * 4 + [1] * 4 + [2] * 4
+    # 1200/min: 0.05 s apart. Twelve acquisitions at one instant: the first goes at once, the
+    # others wait 1 to 11 intervals, each its own slot whichever thread asked.
+    assert sorted(clock.waits) == pytest.approx([0.05 * i for i in range(1, 12)])
+    # Once the clock is past the last slot, the next acquisition goes at once and the one after
+    # waits a whole interval: an idle limiter banks no burst.
+    clock.now += 1.0
+    limiter.acquire()
+    limiter.acquire()
+    assert len(clock.waits) == 12 and clock.waits[-1] == pytest.approx(0.05)
 
 
 def test_disabled_writes_empty_complete_datasets(tmp_path):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import yaml
 from pairforge.pipeline import schemas as S
+from pairforge.pipeline import sts
 from pairforge.stages.cli import app
 from typer.testing import CliRunner
 
 from tests.conftest import run_cli
+from tests.sts_reference import reference_score, st_encoder
 from tests.train.builders import pairs_rows, write_pairs
 
 runner = CliRunner()
@@ -75,6 +78,12 @@ def test_train_then_evaluate_write_models_metrics_plots_and_the_table(
     for scores in models.values():
         assert set(scores) >= {"sts12", "sts16", "stsb", "sickr", "avg", "alignment", "uniformity"}
         assert -100 <= scores["avg"] <= 100
+        # Each score is what sentence-transformers' vectors and scipy's Spearman give.
+        encoder = st_encoder(scores["model"], scores["pooling"], scores["trained"] is not None)
+        for task in sts.TEST_TASKS:
+            reference = reference_score(encoder, sts.load_task(sts_dir, task))
+            assert scores[task] == pytest.approx(reference, abs=1e-4), (scores["model"], task)
+        assert scores["avg"] == pytest.approx(np.mean([scores[t] for t in sts.TEST_TASKS]))
     table = (tmp_path / "reports/evaluate.md").read_text()
     assert (
         "| model | pooling | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | Avg." in table
