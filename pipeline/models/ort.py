@@ -55,7 +55,8 @@ Float32Layers = Literal["none", "ffn_output", "ffn"]
 FLOAT32_LAYERS: tuple[str, ...] = get_args(Float32Layers)
 Int8Weights = Literal["uint8", "int8"]
 INT8_WEIGHTS: tuple[str, ...] = get_args(Int8Weights)
-SMOOTH_ALPHA = 0.8  # chosen on MiniLM: benchmarks/results/embed_int8-2026-11-26-smoothquant-recipes.md
+# Chosen on MiniLM: benchmarks/results/embed_int8-2026-11-26-smoothquant-recipes.md.
+SMOOTH_ALPHA = 0.8
 CALIBRATION = Path(__file__).with_name("calibration.txt")
 CALIBRATION_BATCH = 32
 # The encoders whose transformers classes export with token states and an optional pooler, and
