@@ -12,6 +12,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import tests.tiny_models as tiny_models
 from tests.conftest import ROOT
 
@@ -41,6 +43,7 @@ def session_fixtures_of_the_module() -> set[str]:
     return names
 
 
+@pytest.mark.slow
 def test_every_session_fixture_is_set_up_once_across_folders():
     env = dict(os.environ, PYTHONPATH=str(ROOT), DVC_NO_ANALYTICS="1")
     result = subprocess.run(

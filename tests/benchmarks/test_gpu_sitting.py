@@ -129,6 +129,7 @@ def test_the_device_calls_carry_one_part_each_and_the_last_runs(mined, package, 
     assert calls[-1]["timeout_s"] == 600 and all(len(c["command"]) <= 2000 for c in calls)
 
 
+@pytest.mark.slow
 def test_the_deadline_ends_what_is_still_running_and_keeps_what_finished(tmp_path):
     done = tmp_path / "done.txt"
     cmds = {

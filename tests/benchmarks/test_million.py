@@ -36,6 +36,7 @@ def test_copies_sit_near_their_origin_and_apart_from_each_other():
     assert to_origin.std() > 0.005  # seeded noise, not one shift for every copy
 
 
+@pytest.mark.slow
 def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
     texts, origin = million.build_corpus(600)
     real_texts = million.real_sentences()

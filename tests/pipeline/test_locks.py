@@ -143,6 +143,7 @@ def test_two_concurrent_ingest_runs(tmp_path):
     assert open_dataset(tmp_path / "data/sentences", S.SENTENCES).num_rows > 50_000
 
 
+@pytest.mark.slow
 def test_two_runs_give_byte_identical_folders(tmp_path):
     """Nothing run-specific in a dataset folder: a second run from scratch (another process,
     later clock) writes the same bytes; the run facts differ only in the sidecar."""

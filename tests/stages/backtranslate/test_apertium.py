@@ -220,6 +220,7 @@ def test_the_stage_writes_candidates_for_three_routes_and_reruns_byte_identical(
     assert snapshot(second) == snapshot(first)
 
 
+@pytest.mark.slow
 @needs_apertium
 def test_killed_mid_shard_resumes_byte_identical(tmp_path):
     clean = project(tmp_path / "clean")

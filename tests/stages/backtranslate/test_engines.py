@@ -125,6 +125,7 @@ def test_sampling_and_beam_return_n_candidates_reproducibly(tiny_marian, corpus,
         assert all(len(o) == 2 for o in beams)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k, top_p", [(20, 1.0), (0, 0.9)])
 def test_samples_depend_on_the_sentence_not_on_its_batch(
     tiny_marian, corpus, tmp_path, top_k, top_p

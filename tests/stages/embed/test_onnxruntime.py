@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime  # noqa: F401 (required: a broken install must fail, not skip)
 import pyarrow as pa
+import pytest
 from pairforge.pipeline import schemas as S
 from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
 from pairforge.pipeline.models import load_text_encoder
@@ -18,6 +19,7 @@ from tests.conftest import run_cli
 from tests.stages.mining_helpers import copy_project, read_json, stage_params, write_params
 
 
+@pytest.mark.slow
 def test_embed_command_with_the_onnxruntime_engine(tiny_bert, mining_inputs, tmp_path):
     root = copy_project(mining_inputs, tmp_path / "project")
     write_params(root, {"embed": stage_params(tiny_bert, "test")["embed"]})

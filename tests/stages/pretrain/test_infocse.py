@@ -138,6 +138,7 @@ def test_pretrain_writes_a_network_the_objective_loads(saved_model):
         pretrain(model, tokenizer, [], out, SETTINGS, "fp", progress=False)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_weights(saved_model):
     settings = json.dumps(SETTINGS.__dict__)
     killed = saved_model.parent / "killed"

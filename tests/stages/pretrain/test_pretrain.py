@@ -73,6 +73,7 @@ def config(root, **overrides) -> PretrainConfig:
     return PretrainConfig(**{**values, **overrides})
 
 
+@pytest.mark.slow
 def test_pretrain_command_end_to_end(project):
     cfg = config(project)
     (project / "params.yaml").write_text(yaml.safe_dump({"pretrain": cfg.model_dump()}))
