@@ -59,7 +59,8 @@ DEFAULT_ROWS = (
     "combined",
 )  # fmt: skip
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
-DEVICE_FLAGS = ("--jobs", "12", "--threads", "1", "--precision", "bf16", "--save-every", "500")
+DEVICE_JOBS = 12
+DEVICE_FLAGS = ("--threads", "1", "--precision", "bf16", "--save-every", "500")
 
 
 def sha256(path: Path) -> str:
@@ -150,9 +151,12 @@ def pack(
     wheels: list[Path] | None = None,
     package: Path | None = None,
     shared: Path | None = None,
+    jobs: int = DEVICE_JOBS,
+    repeat: bool = True,
 ) -> dict:
     """The archive of what the device needs, split into parts of at most ``part_mib``; returns
-    the sitting's manifest (also ``into/sitting.json``)."""
+    the sitting's manifest (also ``into/sitting.json``). ``jobs``: runs at once on the device;
+    ``repeat``: also rerun SimCSE's seed 1 apart (the run-to-run difference)."""
     q = quality_module()
     args = quality_args(positives)
     pipeline = q.pipeline_folder(args, out)
@@ -197,6 +201,7 @@ def pack(
         "archive_sha256": sha256(archive), "archive_bytes": size, "parts": parts,
         "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
         "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
+        "jobs": jobs, "repeat": repeat,
     }  # fmt: skip
     for part in parts:  # each part carries the whole manifest: the last call checks them all
         (into / f"part-{part['part']}" / "sitting.json").write_text(json.dumps(manifest, indent=1))
@@ -319,6 +324,22 @@ def run_until(
     return {name: p.returncode for name, p in procs.items()}
 
 
+def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: Path) -> dict:
+    """The sitting's quality runs: the table's rows x seeds (``jobs`` at once) and, unless the
+    manifest says otherwise, SimCSE's seed 1 again in a folder of its own."""
+    base = [sys.executable, str(QUALITY), "--positives", manifest["positives"], *DEVICE_FLAGS]
+    cmds = {
+        "table": [*base, "--out", str(tree / "run"), "--records", str(records),
+                  "--rows", *manifest["rows"], "--seeds", *map(str, manifest["seeds"]),
+                  "--starts", *manifest["starts"], "--jobs", str(manifest.get("jobs", DEVICE_JOBS))],
+    }  # fmt: skip
+    if manifest.get("repeat", True):
+        cmds["repeat"] = [*base, "--out", str(tree / "run-repeat"), "--records",
+                          str(repeat_records), "--rows", "simcse", "--seeds", "1", "--starts",
+                          "cls", "--jobs", "1"]  # fmt: skip
+    return cmds
+
+
 def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dict:
     """The sitting: assemble, install, the quality runs until ``budget`` seconds from now
     (records into the checkout's records, so a run recorded by an earlier sitting is skipped),
@@ -347,14 +368,7 @@ def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dic
     if (records / settings / "untrained.json").exists():
         (repeat_records / settings).mkdir(parents=True, exist_ok=True)
         shutil.copy2(records / settings / "untrained.json", repeat_records / settings)
-    base = [sys.executable, str(QUALITY), "--positives", manifest["positives"], *DEVICE_FLAGS]
-    cmds = {
-        "table": [*base, "--out", str(tree / "run"), "--records", str(records),
-                  "--rows", *manifest["rows"], "--seeds", *map(str, manifest["seeds"]),
-                  "--starts", *manifest["starts"]],
-        "repeat": [*base, "--out", str(tree / "run-repeat"), "--records", str(repeat_records),
-                   "--rows", "simcse", "--seeds", "1", "--starts", "cls", "--jobs", "1"],
-    }  # fmt: skip
+    cmds = quality_commands(manifest, tree, records, repeat_records)
     logs = home / "logs"
 
     def snapshot(codes: dict | None = None) -> None:
@@ -452,6 +466,13 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--part-mib", type=float, default=PART_MIB)
         p.add_argument("--into", default=str(SITTING))
         p.add_argument("--budget", type=int, default=540, help="seconds of the last call's runs")
+        p.add_argument("--jobs", type=int, default=DEVICE_JOBS, help="runs at once on the device")
+        p.add_argument(
+            "--no-repeat",
+            dest="repeat",
+            action="store_false",
+            help="do not rerun SimCSE's seed 1 apart (measured once already)",
+        )
     p = sub.add_parser("receive")
     p.add_argument("part")
     p = sub.add_parser("run")
@@ -462,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "pack":
         into = Path(args.into).resolve()
         manifest = pack(Path(args.out).resolve(), args.rows, args.seeds, args.starts,
-                        args.positives, into, args.part_mib)  # fmt: skip
+                        args.positives, into, args.part_mib, jobs=args.jobs,
+                        repeat=args.repeat)  # fmt: skip
         sizes = ", ".join(f"{p['bytes'] / MIB:.1f}" for p in manifest["parts"])
         print(f"sitting: {len(manifest['parts'])} parts ({sizes} MiB), settings "
               f"{manifest['settings']}; the device calls, in order:")  # fmt: skip

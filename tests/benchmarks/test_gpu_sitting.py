@@ -129,6 +129,21 @@ def test_the_device_calls_carry_one_part_each_and_the_last_runs(mined, package, 
     assert calls[-1]["timeout_s"] == 600 and all(len(c["command"]) <= 2000 for c in calls)
 
 
+def test_the_packed_jobs_and_repeat_reach_the_device_runs(mined, package, shared, tmp_path):
+    default = pack(mined, package, shared, tmp_path / "a")
+    cmds = sitting.quality_commands(default, tmp_path, tmp_path / "r", tmp_path / "rr")
+    assert sorted(cmds) == ["repeat", "table"]
+    assert cmds["table"][cmds["table"].index("--jobs") + 1] == str(sitting.DEVICE_JOBS)
+    assert cmds["table"][cmds["table"].index("--seeds") + 1 :][:2] == ["1", "2"]
+    later = sitting.pack(mined, ["simcse"], [4], ["cls"], "apertium", tmp_path / "b", 0.1,
+                         wheels=[], package=package, shared=shared, jobs=5,
+                         repeat=False)  # fmt: skip
+    cmds = sitting.quality_commands(later, tmp_path, tmp_path / "r", tmp_path / "rr")
+    assert list(cmds) == ["table"]
+    assert cmds["table"][cmds["table"].index("--jobs") + 1] == "5"
+    assert cmds["table"].count("--jobs") == 1
+
+
 @pytest.mark.slow
 def test_the_deadline_ends_what_is_still_running_and_keeps_what_finished(tmp_path):
     done = tmp_path / "done.txt"
