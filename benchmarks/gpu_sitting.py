@@ -56,7 +56,7 @@ DEVICE_WHEELS = (
 # Issue 27's rows, the decisive ones first; seed-major, so a sitting cut short keeps whole seeds.
 DEFAULT_ROWS = (
     "simcse", "peer", "peer_top", "ipw_calibrated", "knn_calibrated", "knn_posaware", "debcse",
-    "combined",
+    "combined", "translation",
 )  # fmt: skip
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
 DEVICE_JOBS = 12

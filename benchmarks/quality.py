@@ -18,6 +18,8 @@ model on the full 7 STS test sets. Rows (``ROWS``):
   dropout positives and in-batch negatives, plus 2 mined negatives per anchor): only the
   negatives differ, from the peer miner, pairforge's band pools drawn uniformly, by the paper's
   IPW equations, by the calibrated IPW.
+- ``translation``: objective ``simcse_bt``, SimCSE with the pairs' ``positive_text`` (one round
+  trip) as the positive instead of a dropout view: what a real translation adds alone.
 - ``debcse``, ``denosent``, ``combined``: the objectives with mined positives, on the calibrated
   pairs, their demo-profile options.
 
@@ -169,6 +171,9 @@ ROWS: dict[str, Row] = {
     ),
     "knn_simans": Row(
         "simcse_hn", "knn_simans", "+ negatives of the 64 nearest, SimANS (a 10, b -0.3)"
+    ),
+    "translation": Row(
+        "simcse_bt", "calibrated", "SimCSE, a round-trip translation as the positive"
     ),
     "debcse": Row("debcse", "calibrated", "DebCSE (mined positives and negatives)"),
     "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),

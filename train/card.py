@@ -30,6 +30,7 @@ UNKNOWN_LICENSE = "unknown"  # a Hub licence identifier: the base model's licenc
 OBJECTIVE_PAPERS = {
     "simcse": "SimCSE (Gao et al., EMNLP 2021)",
     "simcse_hn": "SimCSE (Gao et al., EMNLP 2021) with mined hard negatives",
+    "simcse_bt": "SimCSE (Gao et al., EMNLP 2021) with a back-translation as the positive",
     "debcse": "DebCSE (Miao et al., CIKM 2023)",
     "denosent": "DenoSent (Wang and Dou, AAAI 2024)",
     "bsl": "BSL (Zhang et al., ACL 2021)",

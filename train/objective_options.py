@@ -43,6 +43,10 @@ class SimCSEHardNegativesOptions(SimCSEOptions):
     """SimCSE's options: the objective is SimCSE with more negatives in the loss."""
 
 
+class SimCSETranslationOptions(SimCSEOptions):
+    """SimCSE's options: the objective is SimCSE with a translation as the positive."""
+
+
 class DebCSEOptions(ObjectiveOptions):
     temperature: float = Field(0.05, gt=0)
     positive_in_denominator: bool = True
@@ -105,6 +109,7 @@ class CombinedOptions(ObjectiveOptions):
 OPTIONS: dict[str, type[ObjectiveOptions]] = {
     "simcse": SimCSEOptions,
     "simcse_hn": SimCSEHardNegativesOptions,
+    "simcse_bt": SimCSETranslationOptions,
     "debcse": DebCSEOptions,
     "denosent": DenoSentOptions,
     "bsl": BSLOptions,

@@ -3,6 +3,7 @@
 One objective per run (``objective``), trained from the base ``model`` on the columns it reads
 from the pairs dataset (``input``, written by ``sample``):
 SimCSE ``text``; ``simcse_hn`` (SimCSE with mined hard negatives) ``text``, ``negative_texts``;
+``simcse_bt`` (SimCSE with a back-translation as the positive) ``text``, ``positive_text``;
 DebCSE ``text``, ``positive_texts``, ``negative_texts``; DenoSent ``text``, ``positive_text``;
 BSL ``view1_text``, ``view2_text``; ``combined`` (DebCSE + DenoSent's denoising term) DebCSE's.
 A dataset without an objective's columns stops the stage before training with one line naming

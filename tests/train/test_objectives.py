@@ -44,6 +44,7 @@ from pairforge.train.objectives.denosent import (
 )
 from pairforge.train.objectives.infocse import InfoCSE
 from pairforge.train.objectives.simcse import SimCSE, SimCSEPooler, simcse_loss
+from pairforge.train.objectives.simcse_bt import SimCSETranslation
 from pairforge.train.objectives.simcse_hn import SimCSEHardNegatives
 from torch import nn
 
@@ -468,6 +469,7 @@ def test_registry_maps_names_to_classes_and_columns():
     assert {
         "simcse": SimCSE,
         "simcse_hn": SimCSEHardNegatives,
+        "simcse_bt": SimCSETranslation,
         "debcse": DebCSE,
         "denosent": DenoSent,
         "bsl": BSL,
@@ -478,6 +480,7 @@ def test_registry_maps_names_to_classes_and_columns():
     assert {
         "simcse": [columns.TEXT],
         "simcse_hn": [columns.TEXT, columns.NEGATIVE_TEXTS],
+        "simcse_bt": [columns.TEXT, columns.POSITIVE_TEXT],
         "debcse": [columns.ANCHOR_TEXT, columns.POSITIVE_TEXTS, columns.NEGATIVE_TEXTS],
         "denosent": [columns.TEXT, columns.POSITIVE_TEXT],
         "bsl": [columns.VIEW1_TEXT, columns.VIEW2_TEXT],
@@ -498,7 +501,7 @@ def test_check_columns_names_the_objective_and_the_missing_columns():
     assert columns.POSITIVE_TEXTS in message and columns.NEGATIVE_TEXTS in message
     with pytest.raises(
         ValueError,
-        match="known objectives: bsl, combined, cotbert, debcse, denosent, infocse, simcse, simcse_hn",
+        match="known objectives: bsl, combined, cotbert, debcse, denosent, infocse, simcse, simcse_bt, simcse_hn",
     ):
         check_columns("diffcse", ["text"])
 

@@ -17,6 +17,7 @@ from pairforge.train.objectives.debcse import DebCSE
 from pairforge.train.objectives.denosent import DenoSent
 from pairforge.train.objectives.infocse import InfoCSE
 from pairforge.train.objectives.simcse import SimCSE
+from pairforge.train.objectives.simcse_bt import SimCSETranslation
 from pairforge.train.objectives.simcse_hn import SimCSEHardNegatives
 
 OBJECTIVES: dict[str, type[Objective]] = {
@@ -24,6 +25,7 @@ OBJECTIVES: dict[str, type[Objective]] = {
     for objective in (
         SimCSE,
         SimCSEHardNegatives,
+        SimCSETranslation,
         DebCSE,
         DenoSent,
         BSL,
@@ -74,6 +76,7 @@ __all__ = [
     "Objective",
     "SimCSE",
     "SimCSEHardNegatives",
+    "SimCSETranslation",
     "check_columns",
     "columns",
     "get_objective",
