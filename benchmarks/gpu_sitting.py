@@ -112,6 +112,7 @@ def device_wheels(into: Path, names=DEVICE_WHEELS) -> list[Path]:
             stale.unlink()
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64",
                "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
                "--platform", "any", "-d", str(into), f"{name}=={version}"]  # fmt: skip
         subprocess.run(cmd, check=True)
@@ -186,6 +187,18 @@ def pack(
             tar.add(
                 pipeline / f"data/pairs-{name}", arcname=f"run/{pipeline.name}/data/pairs-{name}"
             )
+    manifest = {
+        "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
+        "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
+        "jobs": jobs, "repeat": repeat,
+    }  # fmt: skip
+    return split_archive(archive, into, part_mib, manifest)
+
+
+def split_archive(archive: Path, into: Path, part_mib: float, manifest: dict) -> dict:
+    """Cut ``archive`` into ``into/part-N/chunk`` of at most ``part_mib`` each, every part with
+    the whole manifest (``manifest`` plus the archive's and each part's size and sha256, also
+    ``into/sitting.json``), and remove the archive; returns the manifest."""
     parts = []
     size = archive.stat().st_size
     step = int(part_mib * MIB)
@@ -197,12 +210,8 @@ def pack(
             (folder / "chunk").write_bytes(chunk)
             parts.append({"part": i + 1, "bytes": len(chunk),
                           "sha256": hashlib.sha256(chunk).hexdigest()})  # fmt: skip
-    manifest = {
-        "archive_sha256": sha256(archive), "archive_bytes": size, "parts": parts,
-        "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
-        "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
-        "jobs": jobs, "repeat": repeat,
-    }  # fmt: skip
+    manifest = {"archive_sha256": sha256(archive), "archive_bytes": size, "parts": parts,
+                **manifest}  # fmt: skip
     for part in parts:  # each part carries the whole manifest: the last call checks them all
         (into / f"part-{part['part']}" / "sitting.json").write_text(json.dumps(manifest, indent=1))
     (into / "sitting.json").write_text(json.dumps(manifest, indent=1))
@@ -214,8 +223,11 @@ def _no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in info.name or info.name.endswith(".pyc") else info
 
 
-def device_calls(manifest: dict, into: Path, budget: int = 540) -> list[dict]:
-    """The device tool's calls, in order: each carries one part; the last one runs."""
+def device_calls(
+    manifest: dict, into: Path, budget: int = 540, script: str = "benchmarks/gpu_sitting.py"
+) -> list[dict]:
+    """The device tool's calls, in order: each carries one part; the last one runs ``script``
+    (the sitting, or ``benchmarks/gpu_check.py``) with ``run --budget``."""
     if not into.resolve().is_relative_to(ROOT):
         raise SystemExit(f"gpu_sitting: {into} is outside the checkout; a device call carries "
                          "only paths inside it (and ignored by git)")  # fmt: skip
@@ -226,9 +238,7 @@ def device_calls(manifest: dict, into: Path, budget: int = 540) -> list[dict]:
         path = f"{rel}/part-{part['part']}"
         command = f"python3 benchmarks/gpu_sitting.py receive {path}"
         if part["part"] == n:
-            command += (
-                f" && PYTHONUNBUFFERED=1 python3 benchmarks/gpu_sitting.py run --budget {budget}"
-            )
+            command += f" && PYTHONUNBUFFERED=1 python3 {script} run --budget {budget}"
         calls.append({"carry": [path], "command": command,
                       "timeout_s": 600 if part["part"] == n else 120})  # fmt: skip
     return calls
