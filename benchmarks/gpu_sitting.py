@@ -60,6 +60,8 @@ DEFAULT_ROWS = (
 )  # fmt: skip
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
 DEVICE_JOBS = 12
+# Recorded runs whose best dev step is in the last 20% are rerun with this many steps first.
+SETTLE_STEPS = 1000
 DEVICE_FLAGS = ("--threads", "1", "--precision", "bf16", "--save-every", "500")
 
 
@@ -154,10 +156,12 @@ def pack(
     shared: Path | None = None,
     jobs: int = DEVICE_JOBS,
     repeat: bool = True,
+    settle_steps: int | None = SETTLE_STEPS,
 ) -> dict:
     """The archive of what the device needs, split into parts of at most ``part_mib``; returns
     the sitting's manifest (also ``into/sitting.json``). ``jobs``: runs at once on the device;
-    ``repeat``: also rerun SimCSE's seed 1 apart (the run-to-run difference)."""
+    ``repeat``: also rerun SimCSE's seed 1 apart (the run-to-run difference); ``settle_steps``:
+    first rerun the recorded runs that had not settled with that many steps (None: not)."""
     q = quality_module()
     args = quality_args(positives)
     pipeline = q.pipeline_folder(args, out)
@@ -190,7 +194,7 @@ def pack(
     manifest = {
         "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
         "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
-        "jobs": jobs, "repeat": repeat,
+        "jobs": jobs, "repeat": repeat, "settle_steps": settle_steps,
     }  # fmt: skip
     return split_archive(archive, into, part_mib, manifest)
 
@@ -343,6 +347,8 @@ def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: 
                   "--rows", *manifest["rows"], "--seeds", *map(str, manifest["seeds"]),
                   "--starts", *manifest["starts"], "--jobs", str(manifest.get("jobs", DEVICE_JOBS))],
     }  # fmt: skip
+    if manifest.get("settle_steps"):
+        cmds["table"] += ["--settle-steps", str(manifest["settle_steps"])]
     if manifest.get("repeat", True):
         cmds["repeat"] = [*base, "--out", str(tree / "run-repeat"), "--records",
                           str(repeat_records), "--rows", "simcse", "--seeds", "1", "--starts",
@@ -483,6 +489,12 @@ def main(argv: list[str] | None = None) -> None:
             action="store_false",
             help="do not rerun SimCSE's seed 1 apart (measured once already)",
         )
+        p.add_argument(
+            "--settle-steps",
+            type=int,
+            default=SETTLE_STEPS,
+            help="rerun unsettled recorded runs with this many steps first; 0: not",
+        )
     p = sub.add_parser("receive")
     p.add_argument("part")
     p = sub.add_parser("run")
@@ -494,7 +506,7 @@ def main(argv: list[str] | None = None) -> None:
         into = Path(args.into).resolve()
         manifest = pack(Path(args.out).resolve(), args.rows, args.seeds, args.starts,
                         args.positives, into, args.part_mib, jobs=args.jobs,
-                        repeat=args.repeat)  # fmt: skip
+                        repeat=args.repeat, settle_steps=args.settle_steps or None)  # fmt: skip
         sizes = ", ".join(f"{p['bytes'] / MIB:.1f}" for p in manifest["parts"])
         print(f"sitting: {len(manifest['parts'])} parts ({sizes} MiB), settings "
               f"{manifest['settings']}; the device calls, in order:")  # fmt: skip

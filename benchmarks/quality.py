@@ -5,6 +5,7 @@ against SimCSE and against sentence-transformers' ``mine_hard_negatives`` (docs/
     python benchmarks/quality.py --rows simcse peer --seeds 1       # a part; rerun for the rest
     python benchmarks/quality.py --out runs/quality --table-only    # the table of what is done
     python benchmarks/quality.py --jobs 12 --threads 1 --precision bf16 --save-every 500  # a GPU
+    python benchmarks/quality.py --settle-steps 1000  # first rerun the unsettled runs recorded
 
 On the Wikipedia sentences of ``$PAIRFORGE_SHARED_DATA/corpus`` (as benchmarks/wiki_run.sh), it
 mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; the peer's negatives
@@ -263,6 +264,13 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "late_best": [
                     s for s in seeds if by_seed[s]["best_step"] > 0.8 * by_seed[s]["steps"]
                 ],
+                # Seeds whose run was rerun with more steps, and with how many.
+                "settled": {
+                    s: by_seed[s]["steps"]
+                    for s in seeds
+                    if by_seed[s]["steps"]
+                    > by_seed[s].get("settings", {}).get("steps", by_seed[s]["steps"])
+                },
                 "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
             }
         )
@@ -394,6 +402,12 @@ def markdown(
         "[95% interval, t over seeds]; "
         "dev: the mean dev Spearman x 100 (STS-B dev and SICK-R trial) of the kept checkpoint (what defaults are chosen by)."
     )
+    settled = [f"{s['row']}/{s['start']} seeds {s['settled']}" for s in summary if s["settled"]]
+    if settled:
+        note += (
+            "\n\nRerun with more steps (their best dev step was in the last 20% of "
+            f"{settings['steps']}; the table reads the longer run): " + "; ".join(settled)
+        )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
     if late:
         note += (
@@ -647,27 +661,45 @@ def train_params(pipeline: dict, row: Row, start: str, seed: int, pairs: Path, a
     return p
 
 
-def record_path(records: Path, row: str, start: str, seed: int) -> Path:
+def run_name(seed: int, steps: int | None = None) -> str:
+    """A run's folder and record name: ``seed<k>``, or ``seed<k>-s<N>`` for the rerun of an
+    unsettled run with ``N`` steps (``--settle-steps``)."""
+    return f"seed{seed}" if steps is None else f"seed{seed}-s{steps}"
+
+
+def record_path(records: Path, row: str, start: str, seed: int, steps: int | None = None) -> Path:
     """Where a run's record is kept in the repository (``--records``): the table can then be
     rebuilt, and a run skipped, on a machine that does not hold the run folder."""
-    return records / row / start / f"seed{seed}.json"
+    return records / row / start / f"{run_name(seed, steps)}.json"
 
 
 def run_one(
-    out: Path, records: Path, name: str, start: str, seed: int, pairs: dict, pipeline: dict, args
+    out: Path,
+    records: Path,
+    name: str,
+    start: str,
+    seed: int,
+    pairs: dict,
+    pipeline: dict,
+    args,
+    steps: int | None = None,
 ) -> None:
-    """Train and score one (row, start, seed) unless its scores.json or its record exists."""
+    """Train and score one (row, start, seed) unless its scores.json or its record exists;
+    ``steps``: the rerun of an unsettled run with that many steps (its own folder and record)."""
     row = ROWS[name]
     start = "mask" if row.prompt else start
-    folder = out / name / start / f"seed{seed}"
-    kept = record_path(records, name, start, seed)
+    folder = out / name / start / run_name(seed, steps)
+    kept = record_path(records, name, start, seed, steps)
+    label = f"{name} / {start} / seed {seed}" + (f" ({steps} steps)" if steps else "")
     if (folder / "scores.json").exists() or kept.exists():
-        print(f"  {name} / {start} / seed {seed}: done before, kept", flush=True)
+        print(f"  {label}: done before, kept", flush=True)
         if not kept.exists():
             write_json(kept, json.loads((folder / "scores.json").read_text()))
         return
     folder.mkdir(parents=True, exist_ok=True)
     params = train_params(pipeline, row, start, seed, pairs[row.pairs], args)
+    if steps is not None:
+        params["train"]["max_steps"] = steps
     (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     log = folder / "log.txt"
     t_train = pairforge(["train", "--params", "params.yaml"], folder, log)
@@ -691,7 +723,7 @@ def run_one(
     }  # fmt: skip
     write_json(folder / "scores.json", record)
     write_json(kept, record)
-    print(f"  {name} / {start} / seed {seed}: avg {scored['avg']:.2f} (best step "
+    print(f"  {label}: avg {scored['avg']:.2f} (best step "
           f"{trained['best_step']}, train {trained['seconds']:.0f} s)", flush=True)  # fmt: skip
 
 
@@ -752,23 +784,43 @@ def plan(args) -> list[tuple[str, str, int]]:
     return runs
 
 
+def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
+    """The recorded runs of the asked rows, starts and seeds whose best dev step is in the
+    last 20% of their steps and that have no rerun with ``--settle-steps`` yet: what the table
+    may not read before they are rerun with more steps."""
+    if not args.settle_steps:
+        return []
+    out = []
+    for name, start, seed in plan(argparse.Namespace(**{**vars(args), "jobs": 1})):
+        start = "mask" if ROWS[name].prompt else start
+        path = record_path(records, name, start, seed)
+        if not path.exists() or record_path(records, name, start, seed, args.settle_steps).exists():
+            continue
+        r = json.loads(path.read_text())
+        if r["best_step"] > 0.8 * r["steps"] and r["steps"] < args.settle_steps:
+            out.append((name, start, seed))
+    return out
+
+
 def run_all(runs: Path, records: Path, pairs: dict, pipeline: dict, args) -> None:
     """The untrained scores and every planned run, ``args.jobs`` at a time (each run is its own
     processes, so threads suffice to drive them). A failed run stops the others' successors;
     the runs finished are kept (their records), so a rerun resumes."""
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
-    todo = plan(args)
+    # The reruns of unsettled runs first (the table waits on them), then the runs asked for.
+    todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
+    todo += [(*r, None) for r in plan(args)]
     if args.jobs == 1:
         untrained(runs, records, pipeline, args)
-        for name, start, seed in todo:
-            run_one(runs, records, name, start, seed, pairs, pipeline, args)
+        for name, start, seed, steps in todo:
+            run_one(runs, records, name, start, seed, pairs, pipeline, args, steps)
         return
     with ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(untrained, runs, records, pipeline, args)]
         futures += [
-            pool.submit(run_one, runs, records, name, start, seed, pairs, pipeline, args)
-            for name, start, seed in todo
+            pool.submit(run_one, runs, records, name, start, seed, pairs, pipeline, args, steps)
+            for name, start, seed, steps in todo
         ]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for future in pending:
@@ -785,7 +837,10 @@ def load_records(runs: Path, records: Path) -> list[dict[str, Any]]:
     for path in [*sorted(records.glob("*/*/seed*.json")),
                  *sorted(runs.glob("*/*/seed*/scores.json"))]:  # fmt: skip
         r = json.loads(path.read_text())
-        found[(r["row"], r["start"], r["seed"])] = r
+        key = (r["row"], r["start"], r["seed"])
+        # An unsettled run's rerun with more steps (``--settle-steps``) stands for it.
+        if key not in found or r["steps"] >= found[key]["steps"]:
+            found[key] = r
     return [found[key] for key in sorted(found)]
 
 
@@ -987,6 +1042,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--start", default=START, help="start encoder (a model spec; another one is a smoke run, "
         "with a settings folder of its own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--settle-steps", type=int, default=None,
+        help="rerun every recorded run of the asked rows and seeds whose best dev step is in the "
+        "last 20%% of its steps with this many steps first (record seed<k>-s<N>.json, which the "
+        "table then reads in its place)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.jobs < 1:

@@ -134,14 +134,15 @@ def test_the_packed_jobs_and_repeat_reach_the_device_runs(mined, package, shared
     cmds = sitting.quality_commands(default, tmp_path, tmp_path / "r", tmp_path / "rr")
     assert sorted(cmds) == ["repeat", "table"]
     assert cmds["table"][cmds["table"].index("--jobs") + 1] == str(sitting.DEVICE_JOBS)
+    assert cmds["table"][-2:] == ["--settle-steps", str(sitting.SETTLE_STEPS)]
     assert cmds["table"][cmds["table"].index("--seeds") + 1 :][:2] == ["1", "2"]
     later = sitting.pack(mined, ["simcse"], [4], ["cls"], "apertium", tmp_path / "b", 0.1,
                          wheels=[], package=package, shared=shared, jobs=5,
-                         repeat=False)  # fmt: skip
+                         repeat=False, settle_steps=None)  # fmt: skip
     cmds = sitting.quality_commands(later, tmp_path, tmp_path / "r", tmp_path / "rr")
     assert list(cmds) == ["table"]
     assert cmds["table"][cmds["table"].index("--jobs") + 1] == "5"
-    assert cmds["table"].count("--jobs") == 1
+    assert cmds["table"].count("--jobs") == 1 and "--settle-steps" not in cmds["table"]
 
 
 @pytest.mark.slow

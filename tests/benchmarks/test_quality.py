@@ -400,3 +400,43 @@ def test_a_run_record_keeps_its_curves(tmp_path):
     }))  # fmt: skip
     assert quality._curves(history) == {"dev_curve": [[25, 80.123]], "loss_curve": [[10, 1.2346]]}
     assert quality._curves(tmp_path / "missing.json") == {}
+
+
+def test_unsettled_runs_are_rerun_with_more_steps_and_the_table_reads_the_rerun(tmp_path, capsys):
+    """A recorded run whose best dev step is in the last 20% is queued again with
+    ``--settle-steps`` (once: not when its rerun is recorded); the table takes the longer run in
+    its place, says so, and flags it again only if the rerun is late too."""
+    runs, records = tmp_path / "runs", tmp_path / "records"
+    late = dict(record("simcse", 1, 75.0, best=475), settings={"steps": 500})
+    quality.write_json(quality.record_path(records, "simcse", "cls", 1), late)
+    quality.write_json(quality.record_path(records, "simcse", "cls", 2), record("simcse", 2, 76.0))
+    quality.write_json(
+        quality.record_path(records, "peer", "cls", 1), record("peer", 1, 75.5, best=500)
+    )
+    quality.write_json(
+        quality.record_path(records, "peer", "cls", 2), record("peer", 2, 76.5, best=401)
+    )
+    args = _plan_args(rows=["simcse", "peer"], starts=["cls"], settle_steps=1000)
+    assert quality.unsettled(records, args) == [("simcse", "cls", 1), ("peer", "cls", 1),
+                                                ("peer", "cls", 2)]  # fmt: skip
+    assert quality.unsettled(records, _plan_args(rows=["simcse"], settle_steps=None)) == []
+    # The rerun recorded: it is not queued again, and the table reads it.
+    rerun = dict(record("simcse", 1, 75.8, best=650), steps=1000, settings={"steps": 500})
+    path = quality.record_path(records, "simcse", "cls", 1, 1000)
+    assert path.name == "seed1-s1000.json"
+    quality.write_json(path, rerun)
+    assert ("simcse", "cls", 1) not in quality.unsettled(records, args)
+    got = {
+        (r["row"], r["seed"]): (r["avg"], r["steps"]) for r in quality.load_records(runs, records)
+    }
+    assert got[("simcse", 1)] == (75.8, 1000) and got[("simcse", 2)] == (76.0, 500)
+    summary = {s["row"]: s for s in quality.summarize(quality.load_records(runs, records))}
+    assert summary["simcse"]["settled"] == {1: 1000} and summary["simcse"]["late_best"] == []
+    assert summary["peer"]["late_best"] == [1, 2]
+    assert summary["peer"]["diff"]["per_seed"] == pytest.approx([75.5 - 75.8, 76.5 - 76.0])
+    text = quality.markdown(list(summary.values()), {}, {"steps": 500, "batch": 64, "lr": 3e-5,
+                            "eval_every": 25, "dev_pairs": None, "test_pairs": None})  # fmt: skip
+    assert "Rerun with more steps" in text and "simcse/cls seeds {1: 1000}" in text
+    # A rerun is its own folder and record: a recorded one is skipped like any run.
+    quality.run_one(runs, records, "simcse", "cls", 1, {}, {}, None, steps=1000)
+    assert "simcse / cls / seed 1 (1000 steps): done before, kept" in capsys.readouterr().out
