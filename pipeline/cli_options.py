@@ -96,26 +96,22 @@ def setup_logging() -> None:
         logger.propagate = False
 
 
-def _writer_hint(exc: IncompleteDatasetError, params_path: str | None) -> str:
+def _writer_hint(
+    exc: IncompleteDatasetError, params_path: str | None, profile: str | None = None
+) -> str:
     """``; the 'x' stage writes it: ...`` for a missing input dataset that a DVC stage of the
-    dvc.yaml beside the params file writes; empty when none does (or it was interrupted, which
-    the error already says how to finish)."""
-    from pairforge.pipeline.config import (
-        DVC_FILE,
-        PARAMS_FILE,
-        load_params,
-        stage_outputs,
-        writer_of,
-    )
+    dvc.yaml beside the params file (or in the current folder, with ``--profile``) writes; empty
+    when none does (or it was interrupted, which the error already says how to finish)."""
+    from pairforge.pipeline.config import DVC_FILE, params_source, stage_outputs, writer_of
 
     if exc.path is None or (Path(exc.path) / "_progress").exists():
         return ""
-    params_path = params_path or PARAMS_FILE
     try:
-        params = load_params(params_path)
+        params, _ = params_source(params_path, profile)
     except ConfigError:
         return ""
-    writer = writer_of(exc.path, stage_outputs(params, Path(params_path).parent / DVC_FILE))
+    folder = Path(params_path).parent if params_path else Path(".")
+    writer = writer_of(exc.path, stage_outputs(params, folder / DVC_FILE))
     if writer is None:
         return ""
     return f"; the {writer!r} stage writes it: run `pairforge {writer}` (or `dvc repro {writer}`)"
@@ -134,7 +130,8 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
         except IncompleteDatasetError as exc:
-            typer.echo(f"error: {exc}{_writer_hint(exc, kwargs.get('params'))}", err=True)
+            hint = _writer_hint(exc, kwargs.get("params"), kwargs.get("profile"))
+            typer.echo(f"error: {exc}{hint}", err=True)
             raise typer.Exit(getattr(exc, "exit_code", 1)) from None
         except PairforgeError as exc:
             typer.echo(f"error: {exc}", err=True)

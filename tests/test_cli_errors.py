@@ -209,6 +209,14 @@ def test_a_missing_input_dataset_names_the_stage_that_writes_it(tmp_path, monkey
         "error: dataset 'data/sentences' is not complete: the folder does not exist; the "
         "'ingest' stage writes it: run `pairforge ingest` (or `dvc repro ingest`)"
     ]
+    # With --profile and no params.yaml, the dvc.yaml of the folder still names the writer.
+    (tmp_path / "params.yaml").rename(tmp_path / "kept.yaml")
+    done = run_cli(["embed", "--profile", "demo"], cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "the 'ingest' stage writes it: run `pairforge ingest` (or `dvc repro ingest`)"
+    ), done.stderr
+    (tmp_path / "kept.yaml").rename(tmp_path / "params.yaml")
     # No dvc.yaml beside the params: nothing is known to write it, the error says only what.
     (tmp_path / "dvc.yaml").unlink()
     monkeypatch.chdir(tmp_path)

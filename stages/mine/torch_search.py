@@ -5,8 +5,8 @@ cuBLAS), which many GPU machines do not have; torch, which the trainer needs any
 own. So ``mine`` can search with blocked matrix products and a running top-k, as
 sentence-transformers' ``mine_hard_negatives`` does without faiss: the corpus is copied to the
 device once (float32, ``BLOCK`` rows at a time, ``release`` after each), queries are scored
-against ``corpus_block`` corpus rows at a time, and each block's top-k is merged into the
-running one. The products are exact float32 (TF32 off while searching), so the neighbours are
+against as many corpus rows at a time as keep one block of scores within ``SCORE_BYTES``, and
+each block's top-k is merged into the running one. The products are exact float32 (TF32 off while searching), so the neighbours are
 faiss ``IndexFlatIP``'s up to the order of exact ties and the last bits of a score; the pools
 mined from them are tested equal on the CPU (tests/stages/mine/test_torch_search.py).
 """
