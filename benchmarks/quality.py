@@ -219,10 +219,17 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     ``start``, ``seed``, ``scores`` {task: Spearman x 100}, ``avg``, ``best_step``, ``steps``,
     ``train_seconds``), in ``ROWS`` order then start: mean and sd over seeds of each task and of
     the average, and the paired difference of the average to ``baseline`` on the same start
-    (DenoSent's ``mask``: the [CLS] one), seed by seed (only seeds both have), mean and sd."""
-    groups: dict[tuple[str, str], dict[int, dict]] = {}
+    (DenoSent's ``mask``: the [CLS] one), seed by seed (only seeds both have), mean and sd.
+
+    A (row, start, seed) may have several runs of different lengths (an unsettled run and its
+    rerun with ``--settle-steps``): the row's figures take the longest, and its difference to the
+    baseline pairs runs of equal length only (a seed whose baseline has no run of that length is
+    left out of the difference and listed in ``unpaired``)."""
+    runs: dict[tuple[str, str], dict[int, dict[int, dict]]] = {}
     for r in records:
-        groups.setdefault((r["row"], r["start"]), {})[int(r["seed"])] = r
+        runs.setdefault((r["row"], r["start"]), {}).setdefault(int(r["seed"]), {})[r["steps"]] = r
+    groups = {key: {seed: by_steps[max(by_steps)] for seed, by_steps in seeds.items()}
+              for key, seeds in runs.items()}  # fmt: skip
     order = {name: i for i, name in enumerate(ROWS)}
     out = []
     for (row, start), by_seed in sorted(
@@ -234,9 +241,9 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
             for t in TASKS
         }
         # DenoSent's one start is its prompt: it is compared with the [CLS] table's baseline.
-        base = groups.get((baseline, "cls" if start == "mask" else start), {})
-        paired = [s for s in seeds if s in base]
-        diffs = [by_seed[s]["avg"] - base[s]["avg"] for s in paired]
+        base_runs = runs.get((baseline, "cls" if start == "mask" else start), {})
+        paired = [s for s in seeds if by_seed[s]["steps"] in base_runs.get(s, {})]
+        diffs = [by_seed[s]["avg"] - base_runs[s][by_seed[s]["steps"]]["avg"] for s in paired]
         mean_d, sd_d = _mean_sd(diffs)
         out.append(
             {
@@ -247,6 +254,7 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "avg": _mean_sd([by_seed[s]["avg"] for s in seeds]),
                 "diff": {
                     "seeds": paired,
+                    "unpaired": [s for s in seeds if s not in paired and s in base_runs],
                     "per_seed": diffs,
                     "mean": mean_d,
                     "sd": sd_d,
@@ -407,6 +415,13 @@ def markdown(
         note += (
             "\n\nRerun with more steps (their best dev step was in the last 20% of "
             f"{settings['steps']}; the table reads the longer run): " + "; ".join(settled)
+        )
+    unpaired = [f"{s['row']}/{s['start']} seeds {s['diff']['unpaired']}" for s in summary
+                if s["diff"].get("unpaired")]  # fmt: skip
+    if unpaired:
+        note += (
+            "\n\nLeft out of Δ (SimCSE has no run of the same length on these seeds; "
+            "`--settle-steps` queues it): " + "; ".join(unpaired)
         )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
     if late:
@@ -786,19 +801,25 @@ def plan(args) -> list[tuple[str, str, int]]:
 
 def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
     """The recorded runs of the asked rows, starts and seeds whose best dev step is in the
-    last 20% of their steps and that have no rerun with ``--settle-steps`` yet: what the table
-    may not read before they are rerun with more steps."""
+    last 20% of their steps and that have no rerun with ``--settle-steps`` yet (what the table
+    may not read before they are rerun with more steps), each followed by SimCSE's run of the
+    same seed and start at that length when it has none: a row's difference to SimCSE pairs
+    runs of equal length."""
     if not args.settle_steps:
         return []
-    out = []
+    n = args.settle_steps
+    out: list[tuple[str, str, int]] = []
     for name, start, seed in plan(argparse.Namespace(**{**vars(args), "jobs": 1})):
         start = "mask" if ROWS[name].prompt else start
         path = record_path(records, name, start, seed)
-        if not path.exists() or record_path(records, name, start, seed, args.settle_steps).exists():
+        if not path.exists() or record_path(records, name, start, seed, n).exists():
             continue
         r = json.loads(path.read_text())
-        if r["best_step"] > 0.8 * r["steps"] and r["steps"] < args.settle_steps:
-            out.append((name, start, seed))
+        if r["best_step"] > 0.8 * r["steps"] and r["steps"] < n:
+            base = ("simcse", "cls" if start == "mask" else start, seed)
+            for run in ((name, start, seed), base):
+                if run not in out and not record_path(records, *run, n).exists():
+                    out.append(run)
     return out
 
 
@@ -837,10 +858,9 @@ def load_records(runs: Path, records: Path) -> list[dict[str, Any]]:
     for path in [*sorted(records.glob("*/*/seed*.json")),
                  *sorted(runs.glob("*/*/seed*/scores.json"))]:  # fmt: skip
         r = json.loads(path.read_text())
-        key = (r["row"], r["start"], r["seed"])
-        # An unsettled run's rerun with more steps (``--settle-steps``) stands for it.
-        if key not in found or r["steps"] >= found[key]["steps"]:
-            found[key] = r
+        # Each length of a (row, start, seed) is kept: an unsettled run beside its rerun with
+        # more steps (``--settle-steps``), which :func:`summarize` reads in its place.
+        found[(r["row"], r["start"], r["seed"], r["steps"])] = r
     return [found[key] for key in sorted(found)]
 
 

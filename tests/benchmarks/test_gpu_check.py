@@ -8,9 +8,12 @@ import importlib.util
 import json
 import shutil
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 SPEC = importlib.util.spec_from_file_location(
     "gpu_check", Path(__file__).resolve().parents[2] / "benchmarks/gpu_check.py"
@@ -34,27 +37,32 @@ def test_the_dry_run_runs_every_step_and_every_check_holds(tmp_path, tiny_encode
     rows = facts["rows"]
     assert [r["step"] for r in rows if r["check"] == "budget spent"] == []
     steps = {r["step"] for r in rows}
-    assert steps == set(check.STEPS)
+    assert steps == set(check.STEPS) - {"mine large"}  # one mine size in the dry run
     failed = [r for r in rows if r["check"].startswith(("FAILED", "NOT", "DIFFERS"))]
     assert failed == []
     by_what = {r["what"]: r for r in rows}
     mine = next(r for r in rows if r["step"] == "mine")
-    assert "exact (torch) vs CPU faiss flat" in mine["what"]
+    assert "exact (torch, gpu False) vs CPU faiss flat" in mine["what"]
     assert "identical 1.0000" in mine["check"]  # torch's exact search = faiss's, on the CPU
     embed = next(r for r in rows if r["step"] == "embed")
     assert "min cosine 1.0" in embed["check"] and embed["device"] > 0 and embed["cpu"] > 0
-    resumed = next(r for r in rows if r["what"].startswith("killed after checkpoint 2"))
+    resumed = next(r for r in rows if r["what"].startswith("killed after checkpoint 2 of 4"))
     assert resumed["check"] == "ok; weights identical"  # killed at step 2 of 4, resumed, equal
+    assert embed["unit"] == "rows/s" and embed["speedup"] is not None
+    tests = next(r for r in rows if r["step"] == "gpu tests")
+    assert tests["check"] == "NONE RAN (every gpu test skipped)"  # no GPU here: said, not ok
     bt = [r for r in rows if r["step"] == "backtranslate"]
     assert "identical 1.0000" in bt[0]["check"] and len(bt) == 2  # transformers, CTranslate2
     assert next(r for r in rows if r["step"] == "torchrun")["check"] == "ok"
-    assert "pytest -m gpu" in by_what and facts["dry_run"] is True
+    assert facts["dry_run"] is True and "gpu tests" in {r["step"] for r in by_what.values()}
+    with tarfile.open(tmp_path / "out/logs.tar.gz") as tar:  # the jobs' logs come back too
+        assert "train/killed/train.log" in tar.getnames()
 
 
 def test_a_failing_step_is_one_row_and_the_next_steps_run(tmp_path):
     facts = run(tmp_path, "--steps", "embed", "mine", "--model", str(tmp_path / "no-such-model"))
     rows = {r["step"]: r for r in facts["rows"]}
-    assert "StepError: embed --params exited 2: error: embed.model" in rows["embed"]["check"]
+    assert "StepError: embed exited 2: error: embed.model" in rows["embed"]["check"]
     assert rows["mine"]["check"].startswith("ok; identical 1.0000")
 
 
@@ -87,7 +95,7 @@ def test_pack_splits_what_the_device_lacks_into_calls(tmp_path):
     wheel.write_bytes(b"w" * 1000)
     into = check.ROOT / ".gpu-check-test"
     try:
-        manifest = check.pack(into, 0.1, 500, wheels=[wheel], package=package)
+        manifest = check.pack(into, 0.1, wheels=[wheel], package=package)
         calls = check.sitting_module().device_calls(
             manifest, into, 500, script="benchmarks/gpu_check.py"
         )
@@ -96,3 +104,12 @@ def test_pack_splits_what_the_device_lacks_into_calls(tmp_path):
     assert manifest["wheels"] == {"faiss_cpu": 1000} and len(manifest["parts"]) >= 3
     assert calls[-1]["command"].endswith("python3 benchmarks/gpu_check.py run --budget 500")
     assert all("gpu_sitting.py receive .gpu-check-test/part-" in c["command"] for c in calls)
+
+
+def test_a_job_still_running_at_the_deadline_is_killed_and_said(tmp_path, monkeypatch):
+    monkeypatch.setattr(check, "DEADLINE", [time.monotonic() + 2])
+    started = time.monotonic()
+    cmd = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(check.StepError, match="cut at the budget's deadline"):
+        check.run_logged(cmd, tmp_path, tmp_path / "job.log", check.env("cpu"))
+    assert time.monotonic() - started < 30

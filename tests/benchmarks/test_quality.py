@@ -402,41 +402,53 @@ def test_a_run_record_keeps_its_curves(tmp_path):
     assert quality._curves(tmp_path / "missing.json") == {}
 
 
-def test_unsettled_runs_are_rerun_with_more_steps_and_the_table_reads_the_rerun(tmp_path, capsys):
+def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp_path, capsys):
     """A recorded run whose best dev step is in the last 20% is queued again with
-    ``--settle-steps`` (once: not when its rerun is recorded); the table takes the longer run in
-    its place, says so, and flags it again only if the rerun is late too."""
+    ``--settle-steps``, with SimCSE's run of the same seed at that length (once each: not when
+    recorded). The table takes a row's longest run and pairs it with SimCSE's run of the same
+    length only; a seed without one is left out of the difference and listed."""
     runs, records = tmp_path / "runs", tmp_path / "records"
-    late = dict(record("simcse", 1, 75.0, best=475), settings={"steps": 500})
-    quality.write_json(quality.record_path(records, "simcse", "cls", 1), late)
-    quality.write_json(quality.record_path(records, "simcse", "cls", 2), record("simcse", 2, 76.0))
-    quality.write_json(
-        quality.record_path(records, "peer", "cls", 1), record("peer", 1, 75.5, best=500)
-    )
-    quality.write_json(
-        quality.record_path(records, "peer", "cls", 2), record("peer", 2, 76.5, best=401)
-    )
+
+    def keep(row, seed, avg, best=100, steps=None):
+        r = dict(record(row, seed, avg, best=best), settings={"steps": 500})
+        r["steps"] = steps or 500
+        quality.write_json(quality.record_path(records, row, "cls", seed, steps), r)
+
+    keep("simcse", 1, 75.0, best=475)  # late: rerun
+    keep("simcse", 2, 76.0)
+    keep("peer", 1, 75.5, best=500)  # late: rerun (SimCSE seed 1 is queued already)
+    keep("peer", 2, 76.5, best=401)  # late: rerun, and SimCSE seed 2 at 1000 beside it
     args = _plan_args(rows=["simcse", "peer"], starts=["cls"], settle_steps=1000)
-    assert quality.unsettled(records, args) == [("simcse", "cls", 1), ("peer", "cls", 1),
-                                                ("peer", "cls", 2)]  # fmt: skip
+    assert quality.unsettled(records, args) == [
+        ("simcse", "cls", 1), ("peer", "cls", 1), ("peer", "cls", 2), ("simcse", "cls", 2),
+    ]  # fmt: skip
     assert quality.unsettled(records, _plan_args(rows=["simcse"], settle_steps=None)) == []
-    # The rerun recorded: it is not queued again, and the table reads it.
-    rerun = dict(record("simcse", 1, 75.8, best=650), steps=1000, settings={"steps": 500})
-    path = quality.record_path(records, "simcse", "cls", 1, 1000)
-    assert path.name == "seed1-s1000.json"
-    quality.write_json(path, rerun)
-    assert ("simcse", "cls", 1) not in quality.unsettled(records, args)
-    got = {
-        (r["row"], r["seed"]): (r["avg"], r["steps"]) for r in quality.load_records(runs, records)
-    }
-    assert got[("simcse", 1)] == (75.8, 1000) and got[("simcse", 2)] == (76.0, 500)
-    summary = {s["row"]: s for s in quality.summarize(quality.load_records(runs, records))}
+    # SimCSE's seed 1 and the peer's seed 1 rerun and recorded: neither is queued again.
+    keep("simcse", 1, 75.8, best=650, steps=1000)
+    keep("peer", 1, 76.1, best=700, steps=1000)
+    assert quality.record_path(records, "peer", "cls", 1, 1000).name == "seed1-s1000.json"
+    assert quality.unsettled(records, args) == [("peer", "cls", 2), ("simcse", "cls", 2)]
+    # DebCSE's seed 2 rerun, but not SimCSE's seed 2: that seed is unpaired.
+    keep("debcse", 2, 77.0, steps=1000)
+    keep("debcse", 1, 77.5)
+    loaded = quality.load_records(runs, records)
+    assert [(r["row"], r["seed"], r["steps"]) for r in loaded if r["row"] == "simcse"] == [
+        ("simcse", 1, 500), ("simcse", 1, 1000), ("simcse", 2, 500),
+    ]  # fmt: skip
+    summary = {s["row"]: s for s in quality.summarize(loaded)}
+    assert summary["simcse"]["avg"][0] == pytest.approx((75.8 + 76.0) / 2)  # the longest runs
     assert summary["simcse"]["settled"] == {1: 1000} and summary["simcse"]["late_best"] == []
-    assert summary["peer"]["late_best"] == [1, 2]
-    assert summary["peer"]["diff"]["per_seed"] == pytest.approx([75.5 - 75.8, 76.5 - 76.0])
+    peer = summary["peer"]
+    assert peer["settled"] == {1: 1000} and peer["late_best"] == [2]
+    # Seed 1 at 1000 against SimCSE's at 1000; seed 2 at 500 against SimCSE's at 500.
+    assert peer["diff"]["per_seed"] == pytest.approx([76.1 - 75.8, 76.5 - 76.0])
+    assert summary["debcse"]["diff"]["seeds"] == [1] and summary["debcse"]["diff"]["unpaired"] == [
+        2
+    ]
     text = quality.markdown(list(summary.values()), {}, {"steps": 500, "batch": 64, "lr": 3e-5,
                             "eval_every": 25, "dev_pairs": None, "test_pairs": None})  # fmt: skip
-    assert "Rerun with more steps" in text and "simcse/cls seeds {1: 1000}" in text
+    assert "Rerun with more steps" in text and "peer/cls seeds {1: 1000}" in text
+    assert "debcse/cls seeds [2]" in text  # unpaired: said under the table
     # A rerun is its own folder and record: a recorded one is skipped like any run.
     quality.run_one(runs, records, "simcse", "cls", 1, {}, {}, None, steps=1000)
     assert "simcse / cls / seed 1 (1000 steps): done before, kept" in capsys.readouterr().out
