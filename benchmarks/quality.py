@@ -1114,8 +1114,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         plot_hardness(summary, stats, out / "hardness.png")
         text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
-    if plot_curves(finished, out / "curves.png"):
-        text += "\nThe dev curves (mean over seeds): curves.png.\n"
+    # One curve per seed at the protocol's length (reruns with more steps are not averaged in).
+    if plot_curves([r for r in finished if r["steps"] == args.steps], out / "curves.png"):
+        text += "\nThe dev curves (mean over seeds, the runs of the protocol's length): curves.png.\n"
     (out / "quality.md").write_text(text)
     write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
     print(text)
