@@ -42,6 +42,7 @@ cpu`` the device side is the CPU too: the dry run checks the plumbing, not a GPU
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -242,32 +243,12 @@ def step_gpu_tests(args, work: Path, emit: Emit) -> None:
     emit(row("gpu tests", f"pytest -m gpu ({len(files)} files{took})", last, check=check))
 
 
-def clustered_vectors(n: int, dim: int = 384, seed: int = 0) -> np.ndarray:
-    """Unit vectors in clusters of about 20 (centre plus noise), so that a neighbourhood holds
-    part of the band [0.25, 0.75] as real sentences' do (cosine about 0.5 within a cluster)."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((max(1, n // 20), dim), dtype=np.float32)
-    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
-    out = centres[rng.integers(0, len(centres), n)]
-    out = out + rng.standard_normal((n, dim), dtype=np.float32) * np.float32(1.0 / np.sqrt(dim))
-    out /= np.linalg.norm(out, axis=1, keepdims=True)
-    return out.astype(np.float32)
+def mining_vectors(n: int) -> np.ndarray:
+    """``n`` unit vectors (384-d) in clusters of about 20 whose members have cosine about 0.5,
+    so that a neighbourhood holds part of the band [0.25, 0.75] as real sentences' do."""
+    from tests.stages.mining_helpers import clustered_vectors
 
-
-def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
-    """The embeddings dataset ``embed`` would write for ``folder``'s sentences (the tests'
-    writer: the same ids, shards and encoder record as the stage's)."""
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
-
-    from tests.stages.mining_helpers import write_embeddings as write
-
-    sents = open_dataset(folder / "data/sentences", S.SENTENCES)
-    ids = sents.read_table([S.ID])[S.ID].to_pylist()
-    shard_rows = [shard["rows"] for shard in sents.manifest["shards"]]
-    info = {"model": ENCODER, "pooling": "mean", "prompt": None, "max_length": 128,
-            "dim": vectors.shape[1], "engine": "transformers", "compute_type": "float32"}  # fmt: skip
-    write(folder / "data/embeddings/sentences", ids, vectors, shard_rows, info)
+    return clustered_vectors(0, max(1, n // 20), 384, n, centre_scale=1.0)
 
 
 def mine_params(out: str, use_gpu: str, index: str, engine: str) -> dict:
@@ -306,11 +287,13 @@ def mine_one(args, work: Path, emit: Emit, n: int, against_cpu: bool) -> None:
     """``mine`` of ``n`` synthetic vectors on the device (faiss-gpu when this faiss sees the GPU,
     else torch's exact search), against the CPU's exact faiss search when ``against_cpu``; the
     stage's own seconds (``metrics/*.json``: without the process's start and imports)."""
+    from tests.stages.mining_helpers import write_sentence_embeddings
+
     gpu = "yes" if args.device != "cpu" else "no"
     engine = "faiss" if args.device != "cpu" and _faiss_gpus() > 0 else "torch"
     folder = work / f"mine-{n}"
     ingest(folder, sentences(n, seed=1), rows_per_shard=max(1000, n // 8))
-    write_embeddings(folder, clustered_vectors(n))
+    write_sentence_embeddings(folder, mining_vectors(n), ENCODER)
 
     def run(out: str, use_gpu: str, index: str, eng: str, device: str) -> tuple[float, dict]:
         write_params(folder, mine_params(out, use_gpu, index, eng))
@@ -624,6 +607,7 @@ def save(args, rows: list[dict], work: Path) -> None:
 # --- packing for the device -------------------------------------------------------------------
 
 
+@functools.cache
 def sitting_module():
     import importlib.util
 
@@ -642,15 +626,9 @@ def pack(into: Path, part_mib: float, wheels: list[Path] | None = None,
     package = package or g.model_package()
     if wheels is None:
         wheels = g.device_wheels(into / "wheels", (*g.DEVICE_WHEELS, *CHECK_WHEELS))
-    if into.exists():
-        for part in into.glob("part-*"):
-            shutil.rmtree(part)
-    into.mkdir(parents=True, exist_ok=True)
     archive = into / "check.tar.xz"
-    with tarfile.open(archive, "w:xz", preset=6) as tar:
-        tar.add(package, arcname=f"site/{package.name}", filter=g._no_bytecode)
-        for wheel in wheels:
-            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    with g.device_archive(archive, package, wheels):
+        pass  # the package and the wheels are all the check needs
     sizes = {w.name.split("-")[0]: w.stat().st_size for w in wheels}
     return g.split_archive(archive, into, part_mib, {"check": True, "wheels": sizes,
                                                       "package": package.name})  # fmt: skip

@@ -35,7 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -175,15 +175,8 @@ def pack(
     package = package or model_package()
     shared = shared or q.shared_data()
     wheels = wheels if wheels is not None else device_wheels(into / "wheels")
-    if into.exists():
-        for part in into.glob("part-*"):
-            shutil.rmtree(part)
-    into.mkdir(parents=True, exist_ok=True)
     archive = into / "sitting.tar.xz"
-    with tarfile.open(archive, "w:xz", preset=6) as tar:
-        tar.add(package, arcname=f"site/{package.name}", filter=_no_bytecode)
-        for wheel in wheels:
-            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+    with device_archive(archive, package, wheels) as tar:
         tar.add(shared / "sts", arcname="shared/sts")
         tar.add(out / "mining.json", arcname="run/mining.json")
         tar.add(pipeline / "params.yaml", arcname=f"run/{pipeline.name}/params.yaml")
@@ -197,6 +190,23 @@ def pack(
         "jobs": jobs, "repeat": repeat, "settle_steps": settle_steps,
     }  # fmt: skip
     return split_archive(archive, into, part_mib, manifest)
+
+
+@contextlib.contextmanager
+def device_archive(archive: Path, package: Path, wheels: list[Path]) -> Iterator[tarfile.TarFile]:
+    """An xz archive at ``archive`` (its folder's parts of an earlier pack removed) holding what
+    every device call needs: ``package`` under ``site/`` (no bytecode) and ``wheels`` under
+    ``wheels/``; the caller adds the rest, then splits it (:func:`split_archive`)."""
+    into = archive.parent
+    if into.exists():
+        for part in into.glob("part-*"):
+            shutil.rmtree(part)
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:xz", preset=6) as tar:
+        tar.add(package, arcname=f"site/{package.name}", filter=_no_bytecode)
+        for wheel in wheels:
+            tar.add(wheel, arcname=f"wheels/{wheel.name}")
+        yield tar
 
 
 def split_archive(archive: Path, into: Path, part_mib: float, manifest: dict) -> dict:

@@ -89,23 +89,6 @@ def corpus_vectors(
     return out
 
 
-def write_embeddings(folder: Path, vectors: np.ndarray) -> None:
-    """The embeddings dataset ``embed`` would write for ``folder``'s sentences: one shard per
-    sentence shard, the same ids in the same order, the demo encoder's record (written by the
-    tests' ``write_embeddings``, as the embed stage lays it out)."""
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
-
-    from tests.stages.mining_helpers import write_embeddings as write
-
-    sentences = open_dataset(folder / "data/sentences", S.SENTENCES)
-    ids = sentences.read_table([S.ID])[S.ID].to_pylist()
-    shard_rows = [shard["rows"] for shard in sentences.manifest["shards"]]
-    info = {"model": ENCODER, "pooling": "mean", "prompt": None, "max_length": 128,
-            "dim": vectors.shape[1], "engine": "transformers", "compute_type": "float32"}  # fmt: skip
-    write(folder / "data/embeddings/sentences", ids, vectors, shard_rows, info)
-
-
 def params(folder: Path, args) -> dict:
     """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index,
     ``--nprobe``, ``--pool-cap``, ``--anchor-batch`` and ``--ivf-codec`` when given."""
@@ -148,12 +131,14 @@ def run_size(args, texts: list[str], origin: list, base: np.ndarray, real: dict[
     from pairforge.pipeline import schemas as S
     from pairforge.pipeline.shards import open_dataset
 
+    from tests.stages.mining_helpers import write_sentence_embeddings
+
     # The sentences in the order ingest wrote them (its shards are in input order).
     stored = open_dataset(folder / "data/sentences", S.SENTENCES).read_table([S.TEXT])[S.TEXT]
     row_of = {t: i for i, t in enumerate(texts)}
     order = np.array([row_of[t] for t in stored.to_pylist()])
     vectors = corpus_vectors(texts, origin, real, base, args.noise)[order]
-    write_embeddings(folder, vectors)
+    write_sentence_embeddings(folder, vectors, ENCODER)
     del vectors
     result = {"n": n, "steps": {}}
     for step in STEPS:

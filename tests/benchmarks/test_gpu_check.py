@@ -80,7 +80,7 @@ def test_pools_agreement_and_the_generated_inputs():
     assert check.agreement(a, b) == (0.5, 0.75)
     texts = check.sentences(500, seed=7)
     assert len(set(texts)) == 500 and texts == check.sentences(500, seed=7)
-    v = check.clustered_vectors(400)
+    v = check.mining_vectors(400)
     assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
     cos = v @ v.T
     in_band = ((cos > 0.25) & (cos < 0.75)).sum(axis=1)

@@ -291,12 +291,29 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def clustered_vectors(seed: int, clusters: int, dim: int, n: int) -> np.ndarray:
+def clustered_vectors(
+    seed: int, clusters: int, dim: int, n: int, centre_scale: float = 2.0
+) -> np.ndarray:
     """``n`` unit vectors around ``clusters`` random centres (neighbours that an IVF index can
-    find and miss)."""
+    find and miss). Two members of a cluster have cosine about s² / (s² + 1) for
+    ``centre_scale`` s: 0.8 at the default, 0.5 at 1 (inside the mining band [0.25, 0.75])."""
     rng = np.random.default_rng(seed)
-    centers = rng.standard_normal((clusters, dim)) * 2
+    centers = rng.standard_normal((clusters, dim)) * centre_scale
     return unit_rows(centers[rng.integers(0, clusters, n)] + rng.standard_normal((n, dim)))
+
+
+def write_sentence_embeddings(folder: Path, vectors: np.ndarray, model: str) -> None:
+    """The embeddings dataset ``embed`` would write for ``folder/data/sentences`` (one shard per
+    sentence shard, the same ids in the same order, ``model``'s record with mean pooling), from
+    vectors given instead of computed (the benchmarks' synthetic mining inputs)."""
+    from pairforge.pipeline.shards import open_dataset
+
+    sentences = open_dataset(folder / "data/sentences", S.SENTENCES)
+    ids = sentences.read_table([S.ID])[S.ID].to_pylist()
+    shard_rows = [shard["rows"] for shard in sentences.manifest["shards"]]
+    info = {"model": model, "pooling": "mean", "prompt": None, "max_length": 128,
+            "dim": vectors.shape[1], "engine": "transformers", "compute_type": "float32"}  # fmt: skip
+    write_embeddings(folder / "data/embeddings/sentences", ids, vectors, shard_rows, info)
 
 
 def resident_kib(path) -> int:

@@ -19,7 +19,24 @@ from tests.stages.mine.helpers import mine_cfg
 from tests.stages.mining_helpers import unit
 
 
-def test_neighbours_are_faiss_flat_ones(monkeypatch):
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        # The path users without faiss-gpu get on a GPU (TF32 off while searching).
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")],
+        ),
+    ],
+)
+def test_neighbours_are_faiss_flat_ones(monkeypatch, device):
     rng = np.random.default_rng(1)
     vectors = unit(rng.standard_normal((3000, 32))).astype(np.float32)
     queries = vectors[rng.choice(3000, 200, replace=False)]
@@ -28,36 +45,13 @@ def test_neighbours_are_faiss_flat_ones(monkeypatch):
     want_s, want_i = flat.search(queries, 20)
     # Small score blocks: the running top-k is merged across many corpus blocks.
     monkeypatch.setattr(torch_search, "SCORE_BYTES", 4 * 200 * 257)
-    got_s, got_i = TorchFlatIndex(vectors).search(queries, 20)
+    index = TorchFlatIndex(vectors, device=device)
+    got_s, got_i = index.search(queries, 20)
+    assert index.on_gpu == (device == "cuda")
     assert got_i.dtype == np.int64 and got_s.dtype == np.float32
     np.testing.assert_array_equal(got_i, want_i)
     np.testing.assert_allclose(got_s, want_s, atol=1e-5)
     assert (got_s[:, :-1] >= got_s[:, 1:]).all()  # best first
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
-def test_on_the_gpu_the_neighbours_are_faiss_flat_ones(monkeypatch):
-    """The path users without faiss-gpu get on a GPU: the same neighbours as faiss's exact
-    index on the CPU (TF32 off while searching), across several score blocks."""
-    rng = np.random.default_rng(3)
-    vectors = unit(rng.standard_normal((20_000, 384))).astype(np.float32)
-    queries = vectors[rng.choice(20_000, 500, replace=False)]
-    flat = faiss.IndexFlatIP(384)
-    flat.add(vectors)
-    want_s, want_i = flat.search(queries, 64)
-    monkeypatch.setattr(torch_search, "SCORE_BYTES", 4 * 500 * 3001)
-    index = TorchFlatIndex(vectors, device="cuda")
-    got_s, got_i = index.search(queries, 64)
-    assert index.on_gpu
-    np.testing.assert_array_equal(got_i, want_i)
-    np.testing.assert_allclose(got_s, want_s, atol=1e-5)
 
 
 def test_more_neighbours_than_vectors_are_padded():
