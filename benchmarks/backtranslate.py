@@ -56,7 +56,7 @@ VOCAB = 58101
 
 CHILD_STAGE = r"""
 import json, sys, time
-from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.plumbing.runner import LocalExecutor
 from pairforge.stages.backtranslate.stage import BacktranslateConfig, run
 work, engine, compute_type, device, length, threads, name = sys.argv[1:8]
 cfg = BacktranslateConfig(
@@ -72,7 +72,7 @@ cfg = BacktranslateConfig(
 
 CHILD_APERTIUM = r"""
 import json, sys, time
-from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.plumbing.runner import LocalExecutor
 from pairforge.stages.backtranslate import apertium
 from pairforge.stages.backtranslate.stage import BacktranslateConfig, run
 work, route, forward, backward, batch, persistent, name = sys.argv[1:8]
@@ -135,9 +135,9 @@ def build(work: Path, n: int) -> None:
     """The random opus-mt-en-de-sized model and a one-shard sentences dataset of ``n`` rows."""
     import pyarrow as pa
     import torch
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import DatasetWriter
-    from pairforge.pipeline.text import sentence_ids
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter
+    from pairforge.pipeline.science.text import sentence_ids
     from pairforge.stages.standin.marian import marian_vocab, train_vocabulary, write_tokenizer
     from transformers import MarianConfig, MarianMTModel
 
@@ -229,7 +229,10 @@ def child(code: str, args: list[str]) -> dict:
 
 def marian_cases(work: Path, device: str, length: int, threads: int) -> tuple[list, dict]:
     """The Marian cases (naive loop, transformers, CTranslate2) and the one-off conversions."""
-    from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
+    from pairforge.pipeline.science.models.files import (
+        convert_ctranslate2,
+        resolve_translation_model,
+    )
 
     ref = resolve_translation_model(str(work / "model"))
     ct2_types = ["int8"] if device == "cpu" else ["int8_float16", "float16"]

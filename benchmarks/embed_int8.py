@@ -16,7 +16,7 @@ exact uint8 kernel; its vectors are a VNNI CPU's, its speed is not), ``onnxrunti
 2026-11-26: no smoothing, int8 weights), ``onnxruntime-float32``.
 
 Reads the 7 STS test tasks (STS12-16, STS-B, SICK-R) from ``$PAIRFORGE_SHARED_DATA/sts`` with
-``pipeline/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
+``pipeline/science/sts.py``'s loaders, then, with the untrained encoder and one encoder per engine
 (``load_text_encoder``, as the embed stage builds it: the same tokenising, length-sorted
 batches and pooling):
 
@@ -27,7 +27,7 @@ batches and pooling):
 2. **Closeness**: every distinct sentence of the 7 tasks encoded by each engine (batch 64);
    the cosine of each engine's vector to transformers float32's, min / p01 / mean.
 3. **STS**: the 7-task Spearman average of each engine's vectors, scored by the evaluate stage's
-   scorer (``pipeline.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
+   scorer (``pipeline.science.sts.evaluate``) on the full sets, or on ``--sts-max-pairs`` pairs per task
    (then said in the table).
 
 The CTranslate2 conversions and ONNX exports are made once under ``--models-dir`` (not timed).
@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pairforge.pipeline import sts
-from pairforge.pipeline.models import load_text_encoder
+from pairforge.pipeline.science import sts
+from pairforge.pipeline.science.models import load_text_encoder
 
 ENGINES = {
     "transformers float32": {"engine": "transformers"},
@@ -107,8 +107,8 @@ def _encoder(name: str, args: argparse.Namespace):
     enc = load_text_encoder(args.model, args.pooling, models_dir=args.models_dir, **common, **kw)
     if recipe:
         import onnxruntime as ort
-        from pairforge.pipeline.modelfiles import resolve_translation_model
-        from pairforge.pipeline.models.ort import (
+        from pairforge.pipeline.science.models.files import resolve_translation_model
+        from pairforge.pipeline.science.models.ort import (
             MODEL_FILE,
             Int8Recipe,
             ORTModel,

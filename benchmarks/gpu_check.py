@@ -128,9 +128,9 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, environ: dict) -> float:
 
 
 def demo_params() -> dict:
-    import yaml
+    from pairforge.stages.profile import profile_params
 
-    return yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    return profile_params("demo")
 
 
 def write_params(folder: Path, params: dict) -> None:
@@ -259,8 +259,8 @@ def mine_params(out: str, use_gpu: str, index: str, engine: str) -> dict:
 
 
 def pools_of(path: Path) -> dict[str, set[str]]:
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
 
     t = open_dataset(path, S.POOLS).read_table([S.ID, S.POOL_IDS])
     return {i: set(p) for i, p in zip(t[S.ID].to_pylist(), t[S.POOL_IDS].to_pylist(), strict=True)}
@@ -332,7 +332,7 @@ def step_mine_large(args, work: Path, emit: Emit) -> None:
 
 
 def step_embed(args, work: Path, emit: Emit) -> None:
-    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
+    from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
 
     n = args.embed_sentences
     folder = work / "embed"
@@ -357,8 +357,8 @@ def step_embed(args, work: Path, emit: Emit) -> None:
 
 
 def step_backtranslate(args, work: Path, emit: Emit) -> None:
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
 
     n = args.bt_sentences
     folder = work / "backtranslate"

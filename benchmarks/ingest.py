@@ -32,7 +32,7 @@ WIKI = SHARED / "corpus" / "wiki1m_for_simcse.first1280000bytes.txt"
 CHILD_PAIRFORGE = r"""
 import json, resource, sys, time
 import pyarrow.pandas_compat  # pyarrow's first cast imports pandas (~0.3 s): a start-up cost, not throughput
-from pairforge.pipeline.runner import make_executor
+from pairforge.pipeline.plumbing.runner import make_executor
 from pairforge.stages.ingest.stage import IngestConfig, run
 corpus, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cfg = IngestConfig(root=".", inputs=[corpus], output=out + "/sentences", quarantine=out + "/quarantine",

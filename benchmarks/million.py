@@ -63,7 +63,7 @@ def real_vectors(work: Path) -> tuple[list[str], np.ndarray]:
         vectors = np.load(cache)
         if len(vectors) == len(texts):
             return texts, vectors
-    from pairforge.pipeline.models import load_text_encoder
+    from pairforge.pipeline.science.models import load_text_encoder
 
     print(f"embedding the {len(texts):,} real sentences once (cached in {cache})", flush=True)
     encoder = load_text_encoder(ENCODER, "mean", device="cpu", batch_size=64, max_length=128)
@@ -92,9 +92,9 @@ def corpus_vectors(
 def params(folder: Path, args) -> dict:
     """The demo profile over ``folder/corpus.txt``: no candidates or rewrites, the IVF index,
     ``--nprobe``, ``--pool-cap``, ``--anchor-batch`` and ``--ivf-codec`` when given."""
-    import yaml
+    from pairforge.stages.profile import profile_params
 
-    p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    p = profile_params("demo")
     rps = args.rows_per_shard
     p["ingest"].update(root=str(folder), inputs=["corpus.txt"], rows_per_shard=rps,
                        chunk_rows=min(rps, 100_000))  # fmt: skip
@@ -128,8 +128,8 @@ def run_size(args, texts: list[str], origin: list, base: np.ndarray, real: dict[
     kept = json.loads((folder / p["ingest"]["metrics"]).read_text())["rows_kept"]
     if kept != n:
         raise SystemExit(f"ingest kept {kept} of the {n} sentences; see {folder}")
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
 
     from tests.stages.mining_helpers import write_sentence_embeddings
 

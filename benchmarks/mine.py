@@ -59,7 +59,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside this file
 from mine_corpus import (  # noqa: E402  (perturb, real_sentences: other benchmarks import them here)
-    ROOT,
     build_corpus,
     perturb,  # noqa: F401
     real_sentences,  # noqa: F401
@@ -135,9 +134,9 @@ def peer_env(name: str) -> dict[str, str]:
 def pairforge_params(args: argparse.Namespace, size_dir: Path) -> dict:
     """The demo profile over ``size_dir/corpus.txt`` and its ``candidates``, with the peer's
     settings (see the module docstring); every override is here."""
-    import yaml
+    from pairforge.stages.profile import profile_params
 
-    p = yaml.safe_load((ROOT / "pipeline/presets/demo.yaml").read_text())
+    p = profile_params("demo")
     cands = None if args.no_candidates else str(size_dir / "candidates")
     rps = args.rows_per_shard
     p["ingest"].update(root=str(size_dir), inputs=["corpus.txt"], rows_per_shard=rps,
@@ -404,9 +403,9 @@ def compare_sets(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> di
 def agreement(args: argparse.Namespace, size_dir: Path, pf: Path) -> dict:
     """Candidate sets of pairforge's last repeat at this size against the peer's."""
     import numpy as np
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
+    from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
     from pairforge.stages.mine.index import build_index, search
 
     sentences = open_dataset(pf / "data/sentences", S.SENTENCES).read_table([S.ID, S.TEXT])

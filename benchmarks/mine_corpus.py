@@ -101,9 +101,9 @@ def write_candidates(folder: Path, texts: list[str], origin: list[str | None]) -
     computes it (the BLAKE2b-64 of the normalised text, and these texts are normalised).
     Returns the number of candidates."""
     import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import DatasetWriter
-    from pairforge.pipeline.text import sentence_id
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter
+    from pairforge.pipeline.science.text import sentence_id
 
     rows = [
         {

@@ -84,9 +84,9 @@ def build_pairs(folder: Path, model: str, m: int = 2, k: int = 64, seed: int = 0
     """The pairs dataset described in the module docstring."""
     import faiss
     import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.models import load_sentence_encoder
-    from pairforge.pipeline.shards import DatasetWriter, read_manifest
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter, read_manifest
+    from pairforge.pipeline.science.models import load_sentence_encoder
 
     if (folder / "_manifest.json").exists():
         read_manifest(folder)
@@ -179,8 +179,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=-1)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pairforge.pipeline.cli_options import setup_logging
     from pairforge.stages.evaluate import stage as E
+    from pairforge.stages.options import setup_logging
     from pairforge.stages.train import stage as T
 
     setup_logging()

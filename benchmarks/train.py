@@ -52,8 +52,8 @@ def sentences(n: int) -> list[str]:
 
 def write_dataset(folder: Path, texts: list[str]) -> Path:
     import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import DatasetWriter
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter
 
     spec = S.SchemaSpec("bench_pairs", 1, pa.schema([pa.field(S.TEXT, pa.string())]), "benchmark")
     writer = DatasetWriter(
@@ -137,7 +137,7 @@ def run_pairforge(args, data: Path, out: Path) -> dict:
 
 def run_sentence_transformers(args, texts: list[str], out: Path) -> dict:
     from datasets import Dataset
-    from pairforge.pipeline.models import resolve_model
+    from pairforge.pipeline.science.models import resolve_model
     from sentence_transformers import (
         SentenceTransformer,
         SentenceTransformerTrainer,

@@ -30,9 +30,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline import shards
-from pairforge.pipeline.shards import DatasetWriter, read_verified_shard
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing import shards
+from pairforge.pipeline.plumbing.shards import DatasetWriter, read_verified_shard
 
 
 def checksum_rates(gb: float) -> list[tuple[str, float]]:

@@ -26,9 +26,9 @@ STAGES="${STAGES-ingest standin backtranslate rewrite embed mine sample report p
 
 python - "$POSITIVES" "$OUT/params.yaml" "$SHARED" "$STEPS" "$BATCH" <<'PY'
 import copy, sys, yaml
-from pairforge.stages.profile import preset
+from pairforge.stages.profile import profile_params
 positives, out, shared, steps, batch = sys.argv[1:]
-p = preset("apertium" if positives == "apertium" else "demo")
+p = profile_params("apertium" if positives == "apertium" else "demo")
 p["ingest"].update(root=f"{shared}/corpus", inputs=["wiki1m_for_simcse.first1280000bytes.txt"],
                    rows_per_shard=2000, chunk_rows=1000)
 p["sample"].update(corpus_name="SimCSE wiki1m (first 11,914 lines)", corpus_license="CC-BY-SA-3.0")
@@ -42,7 +42,7 @@ p["evaluate"].update(max_pairs=None, baseline_poolings=["auto", "cls_before_pool
                      sts_missing="error")
 if positives == "apertium":
     standin = copy.deepcopy(p)
-    standin["backtranslate"] = preset("demo")["backtranslate"]
+    standin["backtranslate"] = profile_params("demo")["backtranslate"]
     standin["backtranslate"].update(output="data/candidates-standin",
                                     metrics="metrics/backtranslate-standin.json",
                                     plot="plots/backtranslate-standin_edit_ratio.png")

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import typer
+from pairforge.stages import STAGES, stage_module
 from typer.core import TyperGroup
 
 # MKL's strict conditional numerical reproducibility: float32 matrix products give the same bits
@@ -24,23 +25,21 @@ from typer.core import TyperGroup
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 # command -> (module, attribute). A function becomes a command; a ``typer.Typer`` a group.
-# Pipeline order, which is also the order of the help listing.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "ingest": ("pairforge.stages.ingest.stage", "command"),
-    "standin": ("pairforge.stages.standin.stage", "command"),
-    "backtranslate": ("pairforge.stages.backtranslate.stage", "command"),
-    "rewrite": ("pairforge.stages.rewrite.stage", "command"),
-    "pretrain": ("pairforge.stages.pretrain.stage", "command"),
-    "embed": ("pairforge.stages.embed.stage", "command"),
-    "mine": ("pairforge.stages.mine.stage", "command"),
-    "sample": ("pairforge.stages.sample.stage", "command"),
-    "report": ("pairforge.stages.report.stage", "command"),
-    "export": ("pairforge.stages.export.stage", "command"),
-    "train": ("pairforge.stages.train.stage", "command"),
-    "evaluate": ("pairforge.stages.evaluate.stage", "command"),
-    "verify": ("pairforge.pipeline.verify", "command"),
-    "profile": ("pairforge.stages.profile", "app"),
-}
+# Pipeline order, which is also the order of the help listing: every declared stage
+# (stages/__init__.py), export beside the report (it lays out sample's pairs for other tools),
+# then the commands that are no stage.
+COMMANDS: dict[str, tuple[str, str]] = {}
+for _name in STAGES:
+    COMMANDS[_name] = (stage_module(_name), "command")
+    if _name == "report":
+        COMMANDS["export"] = (stage_module("export"), "command")
+COMMANDS.update(
+    {
+        "verify": ("pairforge.stages.verify", "command"),
+        "profile": ("pairforge.stages.profile", "app"),
+        "dvc-yaml": ("pairforge.stages.dvcfile", "command"),
+    }
+)
 
 
 @functools.cache

@@ -36,8 +36,8 @@ def install(point: str) -> None:
     target = int(nth or 1)
     seen = {"manifest": 0, "progress": 0, "work": 0, "finished": 0}
 
-    import pairforge.pipeline.cache as cache
-    import pairforge.pipeline.shards as shards
+    import pairforge.pipeline.plumbing.cache as cache
+    import pairforge.pipeline.plumbing.shards as shards
 
     real_put = cache.KeyValueCache.put_many
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from pairforge.pipeline import sts
-from pairforge.pipeline.models import resolve_model
+from pairforge.pipeline.science import sts
+from pairforge.pipeline.science.models import resolve_model
 from scipy.stats import spearmanr
 
 # What pairforge's pooling names are in sentence-transformers' Pooling module.

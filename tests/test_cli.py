@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
+from pairforge.pipeline.plumbing.config import params_source, section_config
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages import config_models
 from pairforge.stages.cli import app
 from pairforge.stages.ingest.stage import IngestConfig
-from pairforge.stages.profile import available, preset, preset_path, preset_text, validate_params
+from pairforge.stages.profile import (
+    available,
+    config_defaults,
+    preset,
+    preset_path,
+    preset_text,
+    profile_params,
+    validate_params,
+)
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli
@@ -90,20 +101,42 @@ def test_cli_options_override_params(tmp_path):
 def test_profiles_validate_and_switch(tmp_path):
     assert {"demo", "paper"} <= set(available())
     for name in ("demo", "paper"):
-        validate_params(yaml.safe_load(preset_path(name).read_text()))
-    assert set(yaml.safe_load(preset_path("paper").read_text())) == set(config_models())
+        validate_params(profile_params(name))
+        assert set(profile_params(name)) == set(config_models())
     params = tmp_path / "params.yaml"
     result = runner.invoke(app, ["profile", "use", "paper", "--params", str(params)])
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load(params.read_text()) == yaml.safe_load(preset_path("paper").read_text())
+    assert yaml.safe_load(params.read_text()) == profile_params("paper")
     result = runner.invoke(app, ["profile", "check", str(params)])
     assert result.exit_code == 0 and "valid" in result.output
     result = runner.invoke(app, ["profile", "use", "huge"])
     assert result.exit_code == 2 and "'huge' is not a profile" in result.output
 
 
+def test_a_preset_holds_only_what_differs_from_the_config_defaults():
+    """Every default is set once, in the configs: each key of the demo and paper presets sets a
+    value other than its config's default, and a section the preset leaves out is the config's
+    defaults whole (a stage run with --profile reads the same)."""
+    models = config_models()
+    for name in ("demo", "paper"):
+        raw = yaml.safe_load(preset_path(name).read_text())
+        assert "extends" not in raw and set(raw) < set(models), name
+        for section, values in raw.items():
+            defaults = config_defaults(models[section])
+            for key, value in values.items():
+                assert key not in defaults or value != defaults[key], (name, section, key)
+    demo = profile_params("demo")
+    assert "mine" not in preset("demo") and demo["mine"] == config_defaults(models["mine"])
+    assert params_source(None, "demo")[0] == preset("demo")
+    cfg = section_config("mine", models["mine"], preset("demo"), "profile demo")
+    assert cfg == models["mine"](**demo["mine"])
+    # A params file is whole: a section missing there is an error, not defaults.
+    with pytest.raises(ConfigError, match="no 'mine' section"):
+        section_config("mine", models["mine"], {}, "params.yaml")
+
+
 def test_an_overlay_profile_is_its_base_with_what_differs(tmp_path):
-    demo, apertium = preset("demo"), preset("apertium")
+    demo, apertium = profile_params("demo"), profile_params("apertium")
     assert "extends" not in apertium and set(apertium) == set(demo)
     changed = {s for s in demo if demo[s] != apertium[s]}
     assert changed == {"backtranslate", "sample"}
@@ -127,14 +160,17 @@ def test_an_overlay_profile_is_its_base_with_what_differs(tmp_path):
         assert "apt-get install" in result.output and params.read_text() == first
 
 
-def test_committed_params_equal_the_demo_profile():
-    assert yaml.safe_load((ROOT / "params.yaml").read_text()) == yaml.safe_load(
-        preset_path("demo").read_text()
-    )
+def test_committed_params_are_the_demo_profile_written_whole():
+    """params.yaml is what `pairforge profile use demo` writes: every key of every stage, each
+    under its config field's description."""
+    text = (ROOT / "params.yaml").read_text()
+    assert text.split("\n", 1)[1] == preset_text("demo")
+    assert yaml.safe_load(text) == profile_params("demo")
+    assert "  # rows per output Parquet shard [profile]\n  rows_per_shard: 500\n" in text
 
 
 def test_dvc_stages_read_only_keys_of_their_own_params_section():
-    # Which keys exactly: tests/test_dvc.py checks them against pipeline/stagedefs.py.
+    # Which keys exactly: tests/test_dvc.py checks them against the stages' declarations.
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     for stage, _model in config_models().items():
         spec = dvc["stages"][stage]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 from pairforge.stages.cli import app
-from pairforge.stages.profile import preset_path
+from pairforge.stages.profile import profile_params
 from typer.testing import CliRunner
 
 from tests.conftest import ROOT, run_cli
@@ -20,7 +20,7 @@ runner = CliRunner()
 def demo_params(tmp_path, dvc: bool = True, **changes) -> dict:
     """The demo profile with ``changes`` ({"section.key": value}) written to tmp_path/params.yaml,
     beside a copy of the project's dvc.yaml when ``dvc``."""
-    params = yaml.safe_load(preset_path("demo").read_text())
+    params = profile_params("demo")
     for dotted, value in changes.items():
         *path, last = dotted.split(".")
         node = params
@@ -213,8 +213,10 @@ def test_a_missing_input_dataset_names_the_stage_that_writes_it(tmp_path, monkey
     (tmp_path / "params.yaml").rename(tmp_path / "kept.yaml")
     done = run_cli(["embed", "--profile", "demo"], cwd=tmp_path)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1].endswith(
-        "the 'ingest' stage writes it: run `pairforge ingest` (or `dvc repro ingest`)"
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("the 'ingest' stage writes it: run `pairforge ingest` (or `dvc repro ingest`)")
     ), done.stderr
     (tmp_path / "kept.yaml").rename(tmp_path / "params.yaml")
     # No dvc.yaml beside the params: nothing is known to write it, the error says only what.
@@ -223,6 +225,17 @@ def test_a_missing_input_dataset_names_the_stage_that_writes_it(tmp_path, monkey
     result = runner.invoke(app, ["export"])
     assert result.exit_code == 1
     assert result.output.strip().endswith("is not complete: the folder does not exist")
+
+
+def test_export_reads_the_pairs_that_sample_writes(tmp_path, monkeypatch):
+    """export's default input is sample.output of the params (declared once, in the sample
+    stage's config, whose default applies without params)."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["export"])
+    assert result.exit_code == 1 and "data/pairs" in result.output, result.output
+    (tmp_path / "params.yaml").write_text("sample:\n  output: elsewhere/pairs\n")
+    result = runner.invoke(app, ["export"])
+    assert result.exit_code == 1 and "elsewhere/pairs" in result.output, result.output
 
 
 def test_an_unknown_nested_key_lists_the_keys_allowed_there(tmp_path):

@@ -64,12 +64,11 @@ def test_stage_help_and_every_config_load_no_heavy_library():
     out = loaded_after(
         "from typer.testing import CliRunner\n"
         "from pairforge.stages.cli import COMMANDS, app\n"
-        "from pairforge.stages.profile import preset_path, validate_params\n"
-        "from pairforge.pipeline.config import load_params\n"
+        "from pairforge.stages.profile import profile_params, validate_params\n"
         "runner = CliRunner()\n"
         "out['codes'] = {n: runner.invoke(app, [n, '--help']).exit_code for n in COMMANDS}\n"
         "for name in ('demo', 'paper'):\n"
-        "    validate_params(load_params(preset_path(name)))\n"
+        "    validate_params(profile_params(name))\n"
     )
     assert set(out["codes"].values()) == {0}, out["codes"]
     assert out["heavy"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -12,9 +13,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pairforge.pipeline.plumbing import stagedefs
+from pairforge.pipeline.plumbing.imports import changes_no_output, imports, module_file
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.stages import declarations
 
 from tests.conftest import ROOT
-from tests.imports import imports
 
 
 def dvc(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -117,49 +121,52 @@ def test_dvc_repro_demo_then_nothing_then_only_what_changed(project):
 # ----------------------------------------------------------------------------- the declaration
 
 
-def input_keys(stage: str) -> tuple[str, ...]:
+def input_keys(stage: StageDef) -> tuple[str, ...]:
     """The keys of the stage's own section that its ``inputs`` templates name."""
-    from pairforge.pipeline import stagedefs
-
     keys = []
-    for template in stagedefs.stage_def(stage).inputs:
+    for template in stage.inputs:
         for ref in re.findall(r"\$\{([A-Za-z_][\w.]*)\}", template):
             section, _, key = ref.partition(".")
-            if section == stage and key not in keys:
+            if section == stage.name and key not in keys:
                 keys.append(key)
     return tuple(keys)
 
 
-def _dvc_stages() -> dict:
-    return yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+def test_dvc_yaml_is_what_the_declarations_generate():
+    """dvc.yaml is `pairforge dvc-yaml`'s output for the stages as declared: a stage's deps are
+    its inputs and code, its params the exact keys its fingerprint hashes. Run the command after
+    editing a declaration or an import; this fails until then."""
+    from pairforge.stages.dvcfile import render
 
-
-def test_dvc_yaml_deps_and_params_are_the_stage_declarations():
-    """dvc.yaml lists, for every stage, exactly the data, code and param keys that
-    pipeline/stagedefs.py declares (and the fingerprints hash): they cannot drift apart."""
-    from pairforge.pipeline import stagedefs
-
-    stages = _dvc_stages()
-    assert set(stages) == set(stagedefs.STAGES)
-    for name, stage in stages.items():
-        declared = stagedefs.stage_def(name)
-        assert stage["deps"] == [*declared.inputs, *declared.code], name
-        assert stage["params"] == [f"{name}.{key}" for key in declared.params], name
+    assert (ROOT / "dvc.yaml").read_text() == render(), "dvc.yaml is stale: run pairforge dvc-yaml"
+    stages = yaml.safe_load(render())["stages"]
+    for name, stage in declarations().items():
+        entry = stages[name]
+        assert entry["deps"] == [*stage.inputs, *stagedefs.code(stage)], name
+        assert entry["params"] == [f"{name}.{key}" for key in stage.params], name
         # A whole section (`- train`) would rerun a stage for keys that change none of its output.
-        assert all("." in key for key in stage["params"]), name
+        assert all("." in key for key in entry["params"]), name
+
+
+def test_the_check_fails_on_a_stale_dvc_yaml(tmp_path):
+    """`pairforge dvc-yaml --check` exits 1 on a hand edit and 0 once the file is written again."""
+    path = tmp_path / "dvc.yaml"
+    path.write_text((ROOT / "dvc.yaml").read_text().replace("- mine.k\n", ""))
+    run = [sys.executable, "-m", "pairforge.stages.cli", "dvc-yaml", "--path", str(path)]
+    stale = subprocess.run([*run, "--check"], capture_output=True, text=True)
+    assert stale.returncode == 1 and "run `pairforge dvc-yaml`" in stale.stderr, stale.stderr
+    assert subprocess.run(run, capture_output=True).returncode == 0
+    assert path.read_text() == (ROOT / "dvc.yaml").read_text()
+    assert subprocess.run([*run, "--check"], capture_output=True).returncode == 0
 
 
 def test_every_config_key_is_declared_exactly_once_and_params_yaml_has_the_exact_keys():
     """Each key of a stage's config is an input, an output, an exact param or free, and only
     one of them; every exact key resolves in the demo's params.yaml."""
-    from pairforge.pipeline import stagedefs
-    from pairforge.stages import config_models
-
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    for name, model in config_models().items():
-        d = stagedefs.STAGES[name]
+    for name, d in declarations().items():
         groups = {
-            "inputs": set(input_keys(name)),
+            "inputs": set(input_keys(d)),
             "outputs": set(d.outputs),
             "params": {key.split(".")[0] for key in d.params},
             "free": set(d.free),
@@ -168,55 +175,46 @@ def test_every_config_key_is_declared_exactly_once_and_params_yaml_has_the_exact
             for b in groups:
                 if a < b:
                     assert not groups[a] & groups[b], (name, a, b, groups[a] & groups[b])
-        assert set().union(*groups.values()) == set(model.model_fields), name
-        values = stagedefs.exact_params(name, params[name])
+        assert set().union(*groups.values()) == set(d.config.model_fields), name
+        values = stagedefs.exact_params(d, params[name])
         assert len(values) == len(d.params), name
+    train = declarations()["train"]
     assert (
-        stagedefs.exact_params("train", params["train"])[f"recipes.{params['train']['objective']}"]
+        stagedefs.exact_params(train, params["train"])[f"recipes.{params['train']['objective']}"]
         == params["train"]["recipes"][params["train"]["objective"]]
     )
 
 
-def _module_file(module: str) -> str | None:
-    path = ROOT.joinpath(*module.split(".")[1:])
-    if path.with_suffix(".py").is_file():
-        return str(path.with_suffix(".py").relative_to(ROOT))
-    if (path / "__init__.py").is_file():
-        return str((path / "__init__.py").relative_to(ROOT))
-    return None
+def _changes_no_output(file: Path) -> bool:
+    return changes_no_output(ast.parse(file.read_text()))
 
 
-def _project_imports(file: str) -> set[str]:
-    """The project source files ``file`` imports (at the top or inside functions, relative and
-    ``importlib`` imports resolved: tests/imports.py)."""
-    found = set()
-    for _, module in imports(ROOT / file, ROOT):
-        if module.startswith("pairforge.") and (target := _module_file(module)):
-            found.add(target)
-    return found
-
-
-def test_declared_code_covers_every_project_module_a_stage_runs():
-    """A stage's declared code (its deps, and what its fingerprint hashes) holds its module and
-    every project module it imports, transitively, except the plumbing that changes no output
-    (package ``__init__`` files that only re-export are followed, not required)."""
-    from pairforge.pipeline import stagedefs
-
-    for name in stagedefs.STAGES:
-        declared = stagedefs.STAGES[name].code
-        for entry in declared:
-            assert (ROOT / entry).exists(), f"{name}: declared code {entry} does not exist"
-
-        def covered(file: str, declared=declared) -> bool:
-            return any(file == e or file.startswith(e.rstrip("/") + "/") for e in declared)
-
-        seen: set[str] = set()
-        todo = [f"stages/{name}/stage.py"]
-        while todo:
-            file = todo.pop()
-            if file in seen or file in stagedefs.PLUMBING:
-                continue
-            seen.add(file)
-            if not file.endswith("__init__.py"):
-                assert covered(file), f"{name} runs {file}, which pipeline/stagedefs.py omits"
-            todo.extend(_project_imports(file))
+def test_a_stage_code_is_its_module_and_everything_it_imports():
+    """A stage's code holds its module and every project module it imports, transitively
+    (inside functions too), except the plumbing that says it changes no output; a module it
+    never imports is not in it."""
+    neutral = {
+        p.relative_to(ROOT).as_posix()
+        for folder in ("pipeline", "stages")
+        for p in (ROOT / folder).rglob("*.py")
+        if _changes_no_output(p)
+    }
+    assert {"pipeline/plumbing/locks.py", "stages/options.py"} <= neutral
+    assert "pipeline/plumbing/shards.py" not in neutral
+    for name, stage in declarations().items():
+        files = stagedefs.code(stage)
+        assert f"stages/{name}/stage.py" in files, name
+        assert not set(files) & neutral, name
+        for file in files:
+            assert (ROOT / file).exists(), f"{name}: code {file} does not exist"
+            if file.endswith(".py"):
+                for _, module in imports(ROOT / file, ROOT):
+                    target = module_file(module, ROOT)
+                    if target is not None:
+                        rel = target.relative_to(ROOT).as_posix()
+                        assert rel in files or rel in neutral, (name, file, rel)
+    sample = stagedefs.code(declarations()["sample"])
+    assert "stages/export/layouts.py" not in sample and "stages/report/diagnostics.py" not in sample
+    # mine reads the pools module; sample reads mine's datasets, never its code
+    assert "pipeline/science/pools.py" in stagedefs.code(declarations()["mine"])
+    assert "pipeline/science/pools.py" not in sample

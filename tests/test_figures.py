@@ -12,7 +12,7 @@ import io
 
 import numpy as np
 import pytest
-from pairforge.pipeline.models import model_label
+from pairforge.pipeline.science.models import model_label
 
 PNG = b"\x89PNG\r\n\x1a\n"
 rng = np.random.default_rng(0)

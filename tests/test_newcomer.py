@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline import sts
+from pairforge.pipeline.science import sts
 
 from tests.conftest import ROOT
 from tests.sts_reference import reference_score, st_encoder

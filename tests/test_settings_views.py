@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from pairforge.pipeline.config import validate_section
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.config import validate_section
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages.backtranslate.noise import NoiseSettings
 from pairforge.stages.backtranslate.stage import NoiseConfig
 from pairforge.stages.mine.searcher import IndexSettings

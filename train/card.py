@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pairforge.pipeline.models import EXPORT_INFO, hub_id, model_label, resolve_model
-from pairforge.pipeline.shards import atomic_write_bytes
-from pairforge.pipeline.sts import LABELS
+from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.science.models import EXPORT_INFO, hub_id, model_label, resolve_model
+from pairforge.pipeline.science.sts import LABELS
 
 CARD = "README.md"
 UNKNOWN_LICENSE = "unknown"  # a Hub licence identifier: the base model's licence was not found
@@ -416,7 +416,7 @@ def write_model_card(
 def dataset_card_link(data: str | Path, model_folder: str | Path) -> str | None:
     """A relative link from the model folder to the pairs dataset's card, when it has one."""
     # The sample stage's card: ``_README.md`` beside the shards, or ``README.md`` once renamed
-    # for the Hub (pipeline/dataset_card.py).
+    # for the Hub (pipeline/science/dataset_card.py).
     for name in ("_README.md", CARD):
         card = Path(data) / name
         if card.exists():

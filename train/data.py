@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from pairforge.pipeline.errors import PairforgeError
-from pairforge.pipeline.shards import read_manifest, verified_shard_path
+from pairforge.pipeline.plumbing.errors import PairforgeError
+from pairforge.pipeline.plumbing.shards import read_manifest, verified_shard_path
 
 TEXT_KIND = "text"
 LIST_KIND = "list"

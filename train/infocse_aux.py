@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models import new_mlm_head
-from pairforge.pipeline.shards import apply_umask, atomic_write_json
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json
+from pairforge.pipeline.science.models import new_mlm_head
 from torch import nn
 
 AUX_FORMAT = "pairforge-infocse-aux"

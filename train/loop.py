@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from pairforge.pipeline import sts
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.models import (
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.progress import _fmt_duration
+from pairforge.pipeline.plumbing.shards import atomic_write_json
+from pairforge.pipeline.science import sts
+from pairforge.pipeline.science.models import (
     EXPORT_INFO,
     SentenceEncoder,
     describe_model,
@@ -42,8 +44,6 @@ from pairforge.pipeline.models import (
     pick_device,
     resolve_model,
 )
-from pairforge.pipeline.progress import _fmt_duration
-from pairforge.pipeline.shards import atomic_write_json
 from pairforge.train import distributed as dist
 from pairforge.train.card import write_model_card
 from pairforge.train.checkpoint import (

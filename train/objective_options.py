@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
 from pydantic import BaseModel, ConfigDict, Field
 
 # Poolings an objective can train without a prompt; None: the start model's own, else the paper's.
 TrainablePooling = Literal["cls", "cls_before_pooler", "mean"]
 NegativeSpace = Literal["normalised", "raw"]
-PROMPT = '"[X]" means [MASK].'  # DenoSent's template (train/objectives/denosent.py)
 
 
 class ObjectiveOptions(BaseModel):
@@ -63,7 +63,7 @@ class DenoSentOptions(ObjectiveOptions):
     temperature: float = Field(0.05, gt=0)
     contrastive_weight: float = Field(5.0, ge=0)
     denoising_weight: float = Field(7.0, ge=0)
-    template: str = PROMPT
+    template: str = DEFAULT_PROMPT
 
 
 class BSLOptions(ObjectiveOptions):
@@ -122,7 +122,7 @@ OPTIONS: dict[str, type[ObjectiveOptions]] = {
 def check_options(objective: str, options: Mapping[str, Any], key: str) -> ObjectiveOptions:
     """``options`` validated for ``objective`` (a name in :data:`OPTIONS`); a ConfigError naming
     ``key`` otherwise: an unknown option with the accepted ones, or the first invalid value."""
-    from pairforge.pipeline.config import validate_section
+    from pairforge.pipeline.plumbing.config import validate_section
 
     model = OPTIONS[objective]
     unknown = sorted(set(options) - set(model.model_fields))

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pairforge.pipeline.shards import atomic_write_bytes
-from pairforge.pipeline.sts import LABELS, TEST_TASKS
+from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.science.sts import LABELS, TEST_TASKS
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> None:

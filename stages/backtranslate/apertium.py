@@ -34,8 +34,8 @@ import time
 import weakref
 from pathlib import Path
 
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models.apertium import mode_name
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models.apertium import mode_name
 
 _ESCAPE = re.compile(r"([\\\[\]{}^$/<>@])")
 _SPACE = re.compile(r"[\s\x00-\x1f\x7f]+")

@@ -21,7 +21,7 @@ the transformers model give the same greedy output. Neither engine samples: both
 next-token logits to ``stages.backtranslate.sampling``, which draws each row's token from the row's own
 seeded stream.
 
-Models are resolved and converted by ``pipeline.modelfiles``.
+Models are resolved and converted by ``pipeline.science.models.files``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.modelfiles import ModelRef, convert_ctranslate2
-from pairforge.pipeline.models import hub_kwargs
-from pairforge.pipeline.models.apertium import apertium_version
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models import hub_kwargs
+from pairforge.pipeline.science.models.apertium import apertium_version
+from pairforge.pipeline.science.models.files import ModelRef, convert_ctranslate2
 from pairforge.stages.backtranslate.apertium import ApertiumTranslator
 from pairforge.stages.backtranslate.decoding import Decoding
 from pairforge.stages.backtranslate.sampling import choose_tokens, row_seeds, uniforms_table

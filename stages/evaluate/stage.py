@@ -3,7 +3,7 @@ demo evaluation set.
 
 STS12-16 (SentEval's "all" aggregation, SimCSE's convention), STS-B test and SICK-R test:
 Spearman x100 between the cosine similarity of the two sentences' vectors and the gold scores,
-pairs without a gold score dropped (``pipeline/sts.py``). Alignment (STS-B test pairs with gold > 4)
+pairs without a gold score dropped (``pipeline/science/sts.py``). Alignment (STS-B test pairs with gold > 4)
 and uniformity (all STS-B test sentences) beside them; without the STS data, over the demo test
 split instead.
 
@@ -35,16 +35,17 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import OptionalModelSpec, StageConfig
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.shards import atomic_write_bytes
+from pairforge.pipeline.plumbing.config import OptionalModelSpec, StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
+from pairforge.stages.options import stage_command
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
-STAGE = "evaluate"
 TEST_TASKS = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
 
 
@@ -64,7 +65,7 @@ class EvaluateConfig(StageConfig):
     baseline_poolings: list[str] = Field(
         ["auto"], min_length=1, description="auto: as the folder says"
     )
-    baseline_prompt: str = Field('"[X]" means [MASK].', description="template for mask pooling")
+    baseline_prompt: str = Field(DEFAULT_PROMPT, description="template for mask pooling")
     tasks: list[str] = Field(
         TEST_TASKS,
         min_length=1,
@@ -92,6 +93,36 @@ class EvaluateConfig(StageConfig):
     plot: str = Field("reports/evaluate.png", description="alignment and uniformity figure (PNG)")
 
 
+STAGE = StageDef(
+    name="evaluate",
+    module=__name__,
+    config=EvaluateConfig,
+    inputs=("${train.output}/${train.objective}", "${evaluate.demo_data}"),
+    outputs=("metrics", "report", "plot"),
+    params=(
+        "data",
+        "models",
+        "baseline",
+        "baseline_poolings",
+        "baseline_prompt",
+        "tasks",
+        "sts_missing",
+        "max_pairs",
+        "seed",
+        "max_length",
+    ),
+    free=("batch_size", "device", "threads"),
+    outs={
+        "${evaluate.metrics}": {"cache": False},
+        "${evaluate.report}": {"cache": False},
+    },
+    plots={
+        "${evaluate.plot}": {"cache": False},
+    },
+    headlines={"sts_avg": "models.*.avg"},
+)
+
+
 def _label(path: str, described: dict[str, Any]) -> str:
     info = described.get("info") or {}
     return info.get("objective") or Path(path).parent.name or path
@@ -102,7 +133,7 @@ def expand_models(specs: list[str]) -> list[str]:
 
     A pattern that matches no folder holding ``pairforge.json`` is a ConfigError.
     """
-    from pairforge.pipeline.models import EXPORT_INFO
+    from pairforge.pipeline.science.models import EXPORT_INFO
 
     out: list[str] = []
     for spec in specs:
@@ -133,7 +164,7 @@ def load_sets(cfg: EvaluateConfig) -> tuple[dict, Path | None, list[str]]:
     score) or the stage stops with that command (a ConfigError). A missing or malformed file is
     a PairforgeError naming it, before any model is loaded.
     """
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     unknown = [t for t in cfg.tasks if t not in sts.TASKS]
     if unknown:
@@ -178,10 +209,10 @@ def evaluate_model(
     label: str | None = None,
     folder: Path | None = None,
 ) -> dict:
-    """Scores of one model on ``sets`` (default: ``load_sets(cfg)``; see pipeline.sts.evaluate),
+    """Scores of one model on ``sets`` (default: ``load_sets(cfg)``; see pipeline.science.sts.evaluate),
     with how it was encoded."""
-    from pairforge.pipeline import sts
-    from pairforge.pipeline.models import load_sentence_encoder, pick_device
+    from pairforge.pipeline.science import sts
+    from pairforge.pipeline.science.models import load_sentence_encoder, pick_device
 
     _check_local(spec)
     if sets is None:
@@ -231,7 +262,7 @@ def evaluate_model(
 def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
     """Evaluate the baseline and every model; returns the metrics it also writes."""
     import torch
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
     from pairforge.train.loop import quiet_transformers
     from pairforge.train.training_report import plot_align_uniform, sts_table
 
@@ -291,7 +322,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
         },
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(report, _markdown(cfg, results, sts_table(results, tasks), metrics).encode())
@@ -302,7 +333,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
 
 def _align_caption(scored: dict) -> str | None:
     """Which pairs the alignment-uniformity figure measured, and whether they were a sample."""
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     task = scored.get("align_task")
     if task is None:
@@ -313,7 +344,7 @@ def _align_caption(scored: dict) -> str | None:
 
 
 def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, metrics: dict) -> str:
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     def label(task: str) -> str:
         return sts.LABELS.get(task, task)
@@ -386,9 +417,7 @@ def _markdown(cfg: EvaluateConfig, results: dict[str, dict], table: str, metrics
     return "\n".join(lines) + "\n"
 
 
-@stage_command(
-    STAGE, EvaluateConfig, names={"models": ("--model", "-m"), "tasks": ("--task", "-t")}
-)
+@stage_command(STAGE, names={"models": ("--model", "-m"), "tasks": ("--task", "-t")})
 def command(cfg: EvaluateConfig, progress: bool) -> None:
     """Score models on the demo evaluation set and STS12-16, STS-B, SICK-R, beside their base.
 

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import front_matter, hub_license, hub_metadata
-from pairforge.pipeline.shards import apply_umask, atomic_write_bytes
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_bytes
+from pairforge.pipeline.science.dataset_card import front_matter, hub_license, hub_metadata
 
 CARD = "README.md"
 ExportFormat = Literal["triplet", "n-tuple", "pair"]

@@ -7,16 +7,34 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import cli_errors
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import params_source
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.locks import writer_lock
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.stages.options import ParamsOpt, cli_errors
+
+
+def sample_output(params_path: str | None) -> str:
+    """Where ``sample`` writes its pairs: the params' ``sample.output``, else its config's
+    default (the key is declared once, in the sample stage's config)."""
+    from pairforge.stages.sample.stage import SampleConfig
+
+    params, _ = params_source(params_path, None)
+    section = params.get("sample") or {}
+    return str(section.get("output", SampleConfig.model_fields["output"].default))
 
 
 @cli_errors
 def command(
-    input: Annotated[str, typer.Option("--input", help="Pairs dataset folder.")] = "data/pairs",
+    input: Annotated[
+        str | None,
+        typer.Option(
+            "--input",
+            help="Pairs dataset folder [default: sample.output of params.yaml (or --params), "
+            "else the sample stage's default].",
+        ),
+    ] = None,
     output: Annotated[
         str, typer.Option(help="Output folder (Hugging Face Hub layout).")
     ] = "data/export/sentence-transformers",
@@ -25,10 +43,13 @@ def command(
         int | None,
         typer.Option(help="n-tuple: negatives per row (default: sample.m of the dataset)."),
     ] = None,
+    params: ParamsOpt = None,
 ) -> None:
     """Export a pairs dataset to the sentence-transformers (anchor, positive, negative) layout."""
     from pairforge.stages.export.layouts import FORMATS, write_export
 
+    if input is None:
+        input = sample_output(params)
     if format not in FORMATS:
         raise ConfigError(
             f"export: --format {format!r} is not allowed; allowed values: {', '.join(FORMATS)}"

@@ -24,27 +24,27 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.errors import ConfigError, DataIntegrityError
-from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.locks import writer_locks
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.progress import Progress
-from pairforge.pipeline.readers import InputFile, RawBlock, read_chunks, resolve_inputs
-from pairforge.pipeline.runner import Executor, ShardResult, finished, map_tables
-from pairforge.pipeline.shards import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
+from pairforge.pipeline.plumbing.locks import writer_locks
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.progress import Progress
+from pairforge.pipeline.plumbing.runner import Executor, ShardResult, finished, map_tables
+from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
 )
-from pairforge.pipeline.text import char_counts, normalize, sentence_ids, word_counts
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.readers import InputFile, RawBlock, read_chunks, resolve_inputs
+from pairforge.pipeline.science.text import char_counts, normalize, sentence_ids, word_counts
+from pairforge.stages.options import executor, stage_command
 from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
 
-STAGE = "ingest"
 PREVIEW_CHARS = 500
 # Drop reasons, in the order they are tested; a row gets the first that applies.
 REASONS = (
@@ -100,6 +100,28 @@ class IngestConfig(StageConfig):
                 f"min_words ({self.min_words}) must not exceed max_words ({self.max_words})"
             )
         return self
+
+
+STAGE = StageDef(
+    name="ingest",
+    module=__name__,
+    config=IngestConfig,
+    inputs=("${ingest.root}",),
+    outputs=("output", "quarantine", "metrics"),
+    params=(
+        "inputs",
+        "format",
+        "field",
+        "min_words",
+        "max_words",
+        "max_chars",
+        "max_line_bytes",
+        "invalid_utf8",
+        "rows_per_shard",
+        "chunk_rows",
+    ),
+    headlines={"rows_out": "rows_kept", "dropped": "rows_dropped_total"},
+)
 
 
 # --- step 2: the pure per-shard function ------------------------------------------------------
@@ -445,7 +467,7 @@ def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
     counts = json.loads((out / MANIFEST).read_text())["counts"]
     metrics = _metrics(counts, sentences, quarantine)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     log.info(
         "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
         metrics["rows_read"],
@@ -508,7 +530,7 @@ def _metrics(counts: dict[str, int], sentences: DatasetWriter, quarantine: Datas
 # --- the command ------------------------------------------------------------------------------
 
 
-@stage_command(STAGE, IngestConfig, names={"inputs": ("--input", "-i")})
+@stage_command(STAGE, names={"inputs": ("--input", "-i")})
 def command(cfg: IngestConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Read raw corpus files into clean, deduplicated, id'd sentence shards.
 

@@ -34,7 +34,7 @@ from typing import Literal, get_args
 
 import faiss
 import numpy as np
-from pairforge.pipeline.mining_inputs import no_release, take_rows
+from pairforge.pipeline.science.mining_inputs import no_release, take_rows
 from pairforge.stages.mine.ondisk import read_mapped, train_ivf, write_ivf
 
 __all__ = [

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from pairforge.pipeline.mining_inputs import no_release
+from pairforge.pipeline.science.mining_inputs import no_release
 
 __all__ = ["is_mapped", "read_mapped", "train_ivf", "write_ivf"]
 

@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 
 import faiss
 import numpy as np
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.mining_inputs import RowsRead, no_release
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.mining_inputs import RowsRead, no_release
 from pairforge.stages.mine.index import BLOCK, _default_nlist, build_index, gpu_available, search
 from pairforge.stages.mine.ondisk import read_mapped
 

@@ -4,7 +4,7 @@ One inner-product index over the L2-normalised sentence vectors (so scores are c
 (``IndexFlatIP``) up to ``flat_max`` sentences, IVF or HNSW beyond (``index``), on the GPU when
 faiss-gpu sees one. For every anchor sentence: its ``k`` nearest neighbours, searched in batches
 of ``query_batch`` queries (temporary memory stays bounded), then the pool rules of
-``pipeline.pools``: not itself, not an exact or near duplicate (rapidfuzz ratio), not one of
+``pipeline.science.pools``: not itself, not an exact or near duplicate (rapidfuzz ratio), not one of
 its own augmentations (its back-translations in the candidates dataset and its LLM rewrites in the
 rewrites dataset), cosine inside the band ``[band_low, band_high]``.
 Anchors left with fewer than ``min_pool`` candidates get the ``fallback`` (widen the band, or
@@ -32,14 +32,22 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.fingerprint import fingerprint
-from pairforge.pipeline.locks import writer_locks
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.mining_inputs import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint
+from pairforge.pipeline.plumbing.locks import writer_locks
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.runner import (
+    Executor,
+    LocalExecutor,
+    ShardResult,
+    map_tables,
+    pending,
+)
+from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.mining_inputs import (
     VECTOR_FILE,
     ArrowTexts,
     MappedVectors,
@@ -49,9 +57,8 @@ from pairforge.pipeline.mining_inputs import (
     own_augmentations,
     spill_vectors,
 )
-from pairforge.pipeline.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_tables, pending
-from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
+from pairforge.pipeline.science.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+from pairforge.stages.options import executor, stage_command
 from pydantic import Field, model_validator
 
 if TYPE_CHECKING:
@@ -60,7 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pairforge")
 
-STAGE = "mine"
 GPU_MAX_K = 2048  # faiss's GPU k-selection limit
 # Anchors whose pool rules run at once (mine_shard). The rules hold each distinct neighbour's
 # text, raw and normalised; an anchor batch's distinct neighbours grow with the corpus until it
@@ -160,6 +166,47 @@ class MineConfig(StageConfig):
                 f"[{self.band_low}, {self.band_high}] within [-1, 1]"
             )
         return self
+
+
+STAGE = StageDef(
+    name="mine",
+    module=__name__,
+    config=MineConfig,
+    inputs=(
+        "${mine.sentences}",
+        "${mine.embeddings}",
+        "${mine.candidates}",
+        "${mine.rewrites}",
+    ),
+    outputs=("output", "metrics"),
+    params=(
+        "k",
+        "pool_cap",
+        "band_low",
+        "band_high",
+        "near_duplicate_threshold",
+        "min_pool",
+        "fallback",
+        "widen_step",
+        "widen_limits",
+        "index",
+        "flat_max",
+        "nlist",
+        "nprobe",
+        "ivf_codec",
+        "train_size",
+        "train_iterations",
+        "hnsw_m",
+        "ef_construction",
+        "ef_search",
+        "use_gpu",
+        "search_engine",
+        "recall_sample",
+        "seed",
+    ),
+    free=("query_batch", "anchor_batch", "threads"),
+    headlines={"rows_out": "anchors", "pool_p50": "pool_size.p50"},
+)
 
 
 # --- the pure per-shard function --------------------------------------------------------------
@@ -524,7 +571,7 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
     manifest = _finalize(cfg, writer, shards, facts)
     metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards, t0=t0)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     _log_summary(cfg, metrics)
     return metrics
 
@@ -693,7 +740,7 @@ def _mine_shards(
     )
     shard_facts: list[dict[str, Any]] = []
     try:
-        map_tables(fn, anchors, {"pools": writer}, ex, STAGE, progress, True, shard_facts)
+        map_tables(fn, anchors, {"pools": writer}, ex, STAGE.name, progress, True, shard_facts)
     finally:
         with _STATE_LOCK:
             _STATE.pop(key, None)
@@ -799,7 +846,7 @@ def _log_summary(cfg: MineConfig, metrics: dict[str, Any]) -> None:
     )
 
 
-@stage_command(STAGE, MineConfig)
+@stage_command(STAGE)
 def command(cfg: MineConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Mine each sentence's negative candidate pool: kNN in a FAISS index, then the cosine band.
 

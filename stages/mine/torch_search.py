@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import numpy as np
-from pairforge.pipeline.mining_inputs import no_release
+from pairforge.pipeline.science.mining_inputs import no_release
 from pairforge.stages.mine.index import BLOCK
 
 # Bytes of one query block's scores against one corpus block (float32): bounds the memory the

@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pairforge.pipeline.models import mlm_head_of
-from pairforge.pipeline.progress import Progress
-from pairforge.pipeline.shards import apply_umask, atomic_write_json
+from pairforge.pipeline.plumbing.progress import Progress
+from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json
+from pairforge.pipeline.science.models import mlm_head_of
 from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     encoder_layers,

@@ -20,23 +20,23 @@ import logging
 import math
 from pathlib import Path
 
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import ModelSpec, StageConfig
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.models import load_masked_lm, pick_device, resolve_model
-from pairforge.pipeline.shards import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
+from pairforge.pipeline.plumbing.locks import writer_lock
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.shards import (
     atomic_write_bytes,
     open_dataset,
 )
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.models import load_masked_lm, pick_device, resolve_model
+from pairforge.stages.options import stage_command
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
-STAGE = "pretrain"
 SMOOTHING = 10  # steps in the moving average of the loss plot and of the reported final losses
 
 
@@ -74,6 +74,42 @@ class PretrainConfig(StageConfig):
     metrics: str = Field("metrics/pretrain.json", description="metrics JSON path")
     plot_data: str = Field("plots/pretrain.csv", description="per-step loss CSV (DVC plot)")
     figure: str = Field("plots/pretrain.png", description="loss curve PNG")
+
+
+STAGE = StageDef(
+    name="pretrain",
+    module=__name__,
+    config=PretrainConfig,
+    inputs=("${pretrain.input}",),
+    outputs=("output", "metrics", "plot_data", "figure"),
+    params=(
+        "model",
+        "lower_layers",
+        "head_layers",
+        "mask_rate",
+        "aux_weight",
+        "train_backbone",
+        "max_length",
+        "batch_size",
+        "steps",
+        "epochs",
+        "learning_rate",
+        "weight_decay",
+        "warmup_ratio",
+        "seed",
+        "checkpoint_every",
+    ),
+    free=("device",),
+    outs={
+        "${pretrain.metrics}": {"cache": False},
+        "${pretrain.output}": {"persist": True},
+    },
+    plots={
+        "${pretrain.plot_data}": {"x": "step", "y": "aux_mlm", "cache": False},
+        "${pretrain.figure}": {"cache": False},
+    },
+    headlines={"steps": "steps", "aux_mlm": "aux_mlm_last"},
+)
 
 
 def total_steps(cfg: PretrainConfig, n_sentences: int) -> int:
@@ -134,7 +170,7 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     history = read_history(out)
     metrics = _metrics(aux, history)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     _write_plots(history, Path(cfg.plot_data), Path(cfg.figure))
     log.info(
         "pretrain: %d steps over %d sentences (%.2f epochs) in %.0fs; MLM loss %.3f -> %.3f, "
@@ -230,9 +266,7 @@ def pretrain_figure(history: list[dict[str, float]]):
     return fig
 
 
-@stage_command(
-    STAGE, PretrainConfig, names={"train_backbone": ("--train-backbone/--freeze-backbone",)}
-)
+@stage_command(STAGE, names={"train_backbone": ("--train-backbone/--freeze-backbone",)})
 def command(cfg: PretrainConfig, progress: bool) -> None:
     """Pre-train InfoCSE's auxiliary MLM network on the sentences (resumable).
 

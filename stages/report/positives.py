@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import open_dataset
 
 QUANTILES = (0.1, 0.5, 0.9)
 

@@ -29,21 +29,21 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.mining_inputs import encoder_info, load_vectors, open_embeddings
-from pairforge.pipeline.models import model_label
-from pairforge.pipeline.shards import atomic_write_bytes, open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.shards import atomic_write_bytes, open_dataset
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.mining_inputs import encoder_info, load_vectors, open_embeddings
+from pairforge.pipeline.science.models import model_label
+from pairforge.stages.options import stage_command
 from pairforge.stages.report import diagnostics as D
 from pairforge.stages.report import positives as P
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
 
-STAGE = "report"
 NLI_LABELS = {"entailment": "positive", "contradiction": "negative"}
 ROUTES_PNG = "positives_by_route.png"
 
@@ -82,6 +82,67 @@ class ReportConfig(StageConfig):
     reports: str = Field("reports", description="folder of mining.md and the PNG histograms")
     plots: str = Field("plots", description="folder of the DVC plots CSVs")
     metrics: str = Field("metrics/report.json", description="metrics JSON path")
+
+
+# The mining histograms, one series per (source, side) (diagnostics.SERIES), each drawn as one
+# figure by dvc.yaml's top-level `plots:` (DVC's stage-level plots take one y column). A source
+# a run did not measure (NLI without its data) is an empty column.
+_SERIES = {"x": "bin", "y": list(D.SERIES), "template": "linear", "y_label": "fraction of pairs"}
+DVC_PLOTS = {
+    "${report.plots}/mining_overlap.csv": {
+        "title": "Lexical overlap of positive and negative pairs (fraction of pairs per bin)",
+        **_SERIES,
+        "x_label": "lexical overlap (shared words / words of the longer sentence)",
+    },
+    "${report.plots}/mining_cosine.csv": {
+        "title": "Cosine similarity of positive and negative pairs (fraction of pairs per bin)",
+        **_SERIES,
+        "x_label": "cosine under the mining encoder",
+    },
+}
+
+STAGE = StageDef(
+    name="report",
+    module=__name__,
+    config=ReportConfig,
+    inputs=(
+        "${report.pairs}",
+        "${report.sentences}",
+        "${report.embeddings}",
+        "${report.candidates}",
+    ),
+    outputs=("reports", "plots", "metrics"),
+    params=(
+        "nli",
+        "nli_split",
+        "nli_pairs",
+        "simcse_pairs",
+        "random_pairs",
+        "max_pairs",
+        "bins",
+        "read_anchors",
+        "compare_candidates",
+        "route_pairs",
+        "seed",
+    ),
+    free=("device", "batch_size", "threads"),
+    outs={
+        "${report.metrics}": {"cache": False},
+        "${report.reports}/mining.md": {"cache": False},
+        "${report.plots}/mining_overlap.csv": {"cache": False},
+        "${report.plots}/mining_cosine.csv": {"cache": False},
+    },
+    plots={
+        "${report.reports}/mining_overlap.png": {"cache": False},
+        "${report.reports}/mining_cosine.png": {"cache": False},
+        "${report.reports}/positives_by_route.png": {"cache": False},
+    },
+    headlines={
+        "overlap_pos": "summary.mined.positive.overlap.mean",
+        "overlap_neg": "summary.mined.negative.overlap.mean",
+    },
+    dvc_plots=DVC_PLOTS,
+)
 
 
 def _nli_folder(spec: str | None) -> tuple[Path | None, str]:
@@ -221,7 +282,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         "seconds": round(time.monotonic() - t0, 3),
     }
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     _log_summary(summary, reports / "mining.md")
     return metrics
 
@@ -264,7 +325,7 @@ def _encoder(cfg: ReportConfig, info: dict[str, Any]) -> Any:
     """The mining encoder (``info``) loaded again, for the dropout and NLI pairs; torch is
     seeded with ``cfg.seed`` first, so the dropout masks repeat."""
     import torch
-    from pairforge.pipeline.models import load_text_encoder
+    from pairforge.pipeline.science.models import load_text_encoder
 
     torch.manual_seed(cfg.seed)
     return load_text_encoder(
@@ -388,7 +449,7 @@ SimCSE's copies (1.0), negatives with more than random sentences, i.e. hard nega
 {pairs_to_read(cfg.pairs, cfg.read_anchors, cfg.seed)}"""
 
 
-@stage_command(STAGE, ReportConfig)
+@stage_command(STAGE)
 def command(cfg: ReportConfig) -> None:
     """Diagnose the mined pairs: lexical overlap and cosine beside SimCSE-style and NLI pairs.
 

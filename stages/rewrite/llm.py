@@ -27,8 +27,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.text import squeeze_spaces
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.science.text import squeeze_spaces
 
 log = logging.getLogger("pairforge")
 

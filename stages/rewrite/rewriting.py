@@ -14,11 +14,11 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cache import cache_key
-from pairforge.pipeline.candidate_quality import candidate_id, quality_signals
-from pairforge.pipeline.progress import Progress
-from pairforge.pipeline.runner import ShardResult
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.cache import cache_key
+from pairforge.pipeline.plumbing.progress import Progress
+from pairforge.pipeline.plumbing.runner import ShardResult
+from pairforge.pipeline.science.candidate_quality import candidate_id, quality_signals
 from pairforge.stages.rewrite.llm import (
     ChatClient,
     ChatSettings,

@@ -22,27 +22,27 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cache import KeyValueCache, MemoryCache
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.errors import ConfigError, DataIntegrityError
-from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.locks import writer_locks
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.runner import Executor, finished, map_tables, pending
-from pairforge.pipeline.shards import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.cache import KeyValueCache, MemoryCache
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import ConfigError, DataIntegrityError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
+from pairforge.pipeline.plumbing.locks import writer_locks
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.runner import Executor, finished, map_tables, pending
+from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
 )
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.stages.options import executor, stage_command
 from pairforge.stages.rewrite.llm import REASONS, ChatClient, ChatSettings, Validation
 from pairforge.stages.rewrite.rewriting import rewrite_shard
 from pydantic import Field, field_validator
 
 log = logging.getLogger("pairforge")
 
-STAGE = "rewrite"
 DEFAULT_PROMPT = (
     "Rewrite the following sentence, introducing noise while preserving the underlying "
     "semantics. Answer with the rewritten sentence only, on one line.\n\nSentence: {text}"
@@ -119,6 +119,38 @@ class RewriteConfig(StageConfig):
         )
 
 
+STAGE = StageDef(
+    name="rewrite",
+    module=__name__,
+    config=RewriteConfig,
+    inputs=("${rewrite.input}",),
+    outputs=("output", "quarantine", "metrics"),
+    params=(
+        "enabled",
+        "base_url",
+        "model",
+        "api_key_env",
+        "system",
+        "prompt",
+        "temperature",
+        "max_tokens",
+        "max_retries",
+        "backoff_base",
+        "backoff_max",
+        "max_sentences",
+        "price_input_per_1m",
+        "price_output_per_1m",
+        "language",
+        "min_ascii_letters",
+        "min_length_ratio",
+        "max_length_ratio",
+        "seed",
+    ),
+    free=("cache", "timeout", "concurrency", "requests_per_minute"),
+    headlines={"rows_out": "rewritten", "dropped": "rejected_total", "cost_usd": "cost_usd"},
+)
+
+
 def check_key_env(name: str) -> None:
     """``api_key_env`` must name a variable; a value that looks like a key is refused without
     being echoed (it must never reach a log)."""
@@ -177,7 +209,9 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
             )
             outputs = {"rewrites": rewrites, "rejected": quarantine}
             todo = set(pending(outputs, len(sentences)))
-            map_tables(fn, _tables(cfg, sentences, outputs), outputs, executor, STAGE, progress)
+            map_tables(
+                fn, _tables(cfg, sentences, outputs), outputs, executor, STAGE.name, progress
+            )
             counts: dict[str, int] = {}
             for i, info in enumerate(rewrites.finished_shards()):
                 for k, v in info.counts.items():
@@ -195,7 +229,7 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
     manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
     metrics = _metrics(cfg, manifest)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     if cfg.enabled:
         # The metrics describe the datasets (what they cost, whenever made); the log says what
         # this run did: a rerun over finished datasets sends nothing.
@@ -284,7 +318,7 @@ def _metrics(cfg: RewriteConfig, manifest: dict) -> dict:
     return metrics
 
 
-@stage_command(STAGE, RewriteConfig, names={"enabled": ("--enabled/--disabled",)})
+@stage_command(STAGE, names={"enabled": ("--enabled/--disabled",)})
 def command(cfg: RewriteConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Rewrite sentences with an LLM through an OpenAI-compatible endpoint (optional stage).
 

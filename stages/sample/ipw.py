@@ -36,7 +36,7 @@ exp(H) is about n·exp(-σ²/τ²), σ² the variance of the mixed z-score (≤ 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -241,7 +241,8 @@ def _zscore(x: np.ndarray, lay: _Layout) -> np.ndarray:
 
 
 # uniform: P = 1/n within each pool, the debiasing off (a control: the band alone decides).
-IPW_FORMS: tuple[str, ...] = ("paper", "calibrated", "uniform")
+IpwForm = Literal["paper", "calibrated", "uniform"]
+IPW_FORMS: tuple[str, ...] = get_args(IpwForm)
 
 
 def calibrated_probs(

@@ -15,9 +15,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
-from pairforge.pipeline.mining_inputs import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import (
+    DataIntegrityError,
+    IncompleteDatasetError,
+    PairforgeError,
+)
+from pairforge.pipeline.plumbing.shards import Dataset, open_dataset
+from pairforge.pipeline.science.mining_inputs import (
     ArrowTexts,
     MappedVectors,
     check_same_encoder,
@@ -26,8 +31,7 @@ from pairforge.pipeline.mining_inputs import (
     open_embeddings,
     take_rows,
 )
-from pairforge.pipeline.shards import Dataset, open_dataset
-from pairforge.pipeline.text import match_key
+from pairforge.pipeline.science.text import match_key
 from pairforge.stages.sample.edits import PairScorer
 from pairforge.stages.sample.pairs import draw, gather, pick_route, ragged_list, score_pools
 from pairforge.stages.sample.selection import (

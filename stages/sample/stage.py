@@ -41,10 +41,27 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import executor, stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.dataset_card import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
+from pairforge.pipeline.plumbing.fingerprint import fingerprint
+from pairforge.pipeline.plumbing.locks import writer_lock
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.runner import (
+    Executor,
+    LocalExecutor,
+    ShardResult,
+    map_shards,
+    pending,
+)
+from pairforge.pipeline.plumbing.shards import (
+    Dataset,
+    DatasetWriter,
+    atomic_write_bytes,
+    open_dataset,
+)
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.science.dataset_card import (
     CARD,
     distribution,
     effective_number,
@@ -52,24 +69,15 @@ from pairforge.pipeline.dataset_card import (
     sharpness,
     sharpness_section,
 )
-from pairforge.pipeline.errors import DataIntegrityError, PairforgeError
-from pairforge.pipeline.fingerprint import fingerprint
-from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.metrics import write_metrics
-from pairforge.pipeline.mining_inputs import (
+from pairforge.pipeline.science.mining_inputs import (
     ArrowTexts,
     encoder_info,
     open_embeddings,
     spill_vectors,
 )
-from pairforge.pipeline.runner import Executor, LocalExecutor, ShardResult, map_shards, pending
-from pairforge.pipeline.shards import (
-    Dataset,
-    DatasetWriter,
-    atomic_write_bytes,
-    open_dataset,
-)
+from pairforge.stages.options import executor, stage_command
 from pairforge.stages.sample.edits import PairScorer, edit_scorer
+from pairforge.stages.sample.ipw import IpwForm
 from pairforge.stages.sample.sampling import (
     EDIT_INDEX,
     DrawParams,
@@ -81,7 +89,6 @@ from pydantic import Field, model_validator
 
 log = logging.getLogger("pairforge")
 
-STAGE = "sample"
 SHARPNESS_KEYS = ("entropy", "entropy2", "effective", "effective_share")
 
 
@@ -109,7 +116,7 @@ class SampleConfig(StageConfig):
     m_positive: int | None = Field(None, ge=1, description="positives per anchor; null: m")
     lambda_n: float = Field(0.8, ge=0.0, le=1.0, description="eq. 3 weight of semantics")
     lambda_p: float = Field(0.8, ge=0.0, le=1.0, description="eq. 5 weight of semantics")
-    ipw: Literal["paper", "calibrated", "uniform"] = Field(
+    ipw: IpwForm = Field(
         "calibrated",
         description="paper: eqs. 1-6 as printed (near-uniform P); calibrated: one softmax over "
         "z-scored edit and cosine at `temperature` (stages/sample/ipw.py); uniform: P = 1/n "
@@ -189,6 +196,56 @@ class SampleConfig(StageConfig):
                 f"range_max ({self.range_max}) must exceed range_min ({self.range_min})"
             )
         return self
+
+
+STAGE = StageDef(
+    name="sample",
+    module=__name__,
+    config=SampleConfig,
+    inputs=(
+        "${sample.sentences}",
+        "${sample.pools}",
+        "${sample.embeddings}",
+        "${sample.candidates}",
+        "${sample.candidate_embeddings}",
+        "${sample.rewrites}",
+        "${sample.rewrite_embeddings}",
+    ),
+    outputs=("output", "metrics"),
+    params=(
+        "m",
+        "m_positive",
+        "lambda_n",
+        "lambda_p",
+        "ipw",
+        "temperature",
+        "negative_sampler",
+        "range_min",
+        "range_max",
+        "absolute_margin",
+        "relative_margin",
+        "positive_reference",
+        "positive_score",
+        "simans_a",
+        "simans_b",
+        "edit_kind",
+        "edit_normalized",
+        "edit_metric",
+        "identical",
+        "short",
+        "positive_route",
+        "view1_route",
+        "view2_route",
+        "seed",
+        "anchor_batch",
+        "corpus_name",
+        "corpus_license",
+        "corpus_source",
+    ),
+    # The numba and rapidfuzz backends give equal distances.
+    free=("edit_backend", "threads"),
+    headlines={"rows_out": "rows"},
+)
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -383,7 +440,7 @@ def run(
     metrics = _metrics(cfg, inputs, rows, totals, dists, _edit_facts(shard_facts), len(todo))
     metrics["seconds"] = round(time.monotonic() - t_start, 3)
     Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE)
+    write_metrics(cfg.metrics, metrics, STAGE.headlines)
     _log_summary(metrics, totals)
     return metrics
 
@@ -668,7 +725,7 @@ def _card(cfg, sentences, pools, sent_emb, totals, pos_facts, writer):
     return render
 
 
-@stage_command(STAGE, SampleConfig)
+@stage_command(STAGE)
 def command(cfg: SampleConfig, workers: int, scheduler: str | None, progress: bool) -> None:
     """Sample DebCSE positives and hard negatives by inverse propensity weighting (eqs. 1-6).
 

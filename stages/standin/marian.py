@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from pairforge.pipeline.modelfiles import STANDIN_FILE
+from pairforge.pipeline.science.models.files import STANDIN_FILE
 
 NOTE = (
     "STAND-IN MODEL, NOT A TRANSLATION MODEL: a tiny MarianMT built locally by `pairforge "

@@ -20,18 +20,17 @@ import shutil
 import time
 from pathlib import Path
 
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.pipeline.errors import PairforgeError
-from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.shards import apply_umask, atomic_write_json, open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.errors import PairforgeError
+from pairforge.pipeline.plumbing.locks import writer_lock
+from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json, open_dataset
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.stages.options import stage_command
 from pairforge.stages.standin.marian import NOTE, build_standins
 from pydantic import Field
 
 log = logging.getLogger("pairforge")
-
-STAGE = "standin"
 
 
 class StandinConfig(StageConfig):
@@ -69,6 +68,27 @@ class StandinConfig(StageConfig):
         4.0, gt=0.0, description="logit scale: lower makes sampling substitute more"
     )
     seed: int = Field(0, description="seed of the vocabulary and of each model")
+
+
+STAGE = StageDef(
+    name="standin",
+    module=__name__,
+    config=StandinConfig,
+    inputs=("${standin.input}",),
+    outputs=("output",),
+    params=(
+        "enabled",
+        "pairs",
+        "vocab_size",
+        "synonyms",
+        "substitute_rate",
+        "sharpness",
+        "seed",
+    ),
+    outs={
+        "${standin.output}": {},
+    },
+)
 
 
 def _build(cfg: StandinConfig, folder: Path) -> tuple[dict, str]:
@@ -125,9 +145,7 @@ def run(cfg: StandinConfig) -> dict:
     return written
 
 
-@stage_command(
-    STAGE, StandinConfig, names={"enabled": ("--enabled/--disabled",), "pairs": ("--pair",)}
-)
+@stage_command(STAGE, names={"enabled": ("--enabled/--disabled",), "pairs": ("--pair",)})
 def command(cfg: StandinConfig) -> None:
     """Build tiny stand-in MarianMT models for the offline demo (they copy with word
     substitutions; they do NOT translate).

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
 
 # word: substitutes, best first. All lower case; capitalised forms are derived.
 SYNONYMS: dict[str, tuple[str, ...]] = {

@@ -34,19 +34,19 @@ Outputs: ``models/<objective>/model`` (a sentence-transformers folder, see train
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pairforge.pipeline.cli_options import stage_command
-from pairforge.pipeline.config import PARAMS_FILE, ModelSpec, StageConfig
-from pairforge.pipeline.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.locks import writer_lock
-from pairforge.pipeline.metrics import write_metrics
+from pairforge.pipeline.plumbing.config import PARAMS_FILE, ModelSpec, StageConfig
+from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
+from pairforge.pipeline.plumbing.locks import writer_lock
+from pairforge.pipeline.plumbing.metrics import write_metrics
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.stages.options import stage_command
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
-
-STAGE = "train"
 
 
 class _RecipeKey:
@@ -145,7 +145,7 @@ class TrainConfig(StageConfig):
     @model_validator(mode="after")
     def _objectives(self) -> TrainConfig:
         # Checked here, before any model loads, against the torch-free option declarations.
-        from pairforge.pipeline.errors import ConfigError
+        from pairforge.pipeline.plumbing.errors import ConfigError
         from pairforge.train.objective_options import OPTIONS, check_options
 
         known = ", ".join(OPTIONS)
@@ -158,6 +158,72 @@ class TrainConfig(StageConfig):
                 raise ConfigError(f"train.recipes.{name}: no such objective; known: {known}")
             check_options(name, recipe.options, f"train.recipes.{name}.options")
         return self
+
+
+def _only(metrics: Mapping[str, Any]) -> Any:
+    """The one objective's figures in metrics/train.json (``{objective: {...}}``)."""
+    (value,) = metrics.values()
+    return value
+
+
+STAGE = StageDef(
+    name="train",
+    module=__name__,
+    config=TrainConfig,
+    inputs=(
+        "${train.input}",
+        # InfoCSE's auxiliary network (train.recipes.infocse.options.aux_path). DVC has no
+        # per-objective deps, so every objective's run waits for it; it changes rarely.
+        "${pretrain.output}",
+        # The demo evaluation set: its dev split selects the checkpoint without the STS data.
+        "${train.demo_dir}",
+    ),
+    outputs=("output", "metrics", "plots", "reports"),
+    params=(
+        "model",
+        "objective",
+        "seed",
+        "batch_size",
+        "lr",
+        "weight_decay",
+        "schedule",
+        "warmup_steps",
+        "warmup_ratio",
+        "max_steps",
+        "epochs",
+        "max_length",
+        "max_grad_norm",
+        "precision",
+        "device",
+        "deterministic",
+        "buffer_size",
+        "save_every",
+        "keep_checkpoints",
+        "eval_every",
+        "eval_tasks",
+        "eval_max_pairs",
+        "eval_batch_size",
+        "sts_dir",
+        "eval_fallback",
+        "log_every",
+        "threads",
+        "recipes.${train.objective}",
+    ),
+    data_files=("train/st_pooling.py",),
+    outs={
+        "${train.metrics}": {"cache": False},
+        "${train.output}/${train.objective}": {"persist": True},
+    },
+    plots={
+        "${train.plots}/${train.objective}.csv": {"x": "step", "y": "loss", "cache": False},
+        "${train.plots}/${train.objective}_dev.csv": {"x": "step", "y": "score", "cache": False},
+        "${train.reports}/train_${train.objective}.png": {"cache": False},
+    },
+    headlines={
+        "steps": lambda m: _only(m)["steps"],
+        "best_dev": lambda m: _only(m)["best_dev"],
+    },
+)
 
 
 def _recipe_config() -> type[BaseModel]:
@@ -235,7 +301,7 @@ def dev_sets(cfg: TrainConfig, settings):
     """``settings`` with the dev tasks this run selects its checkpoint on: its ``eval_tasks``
     when their folder is there, else ``cfg.eval_fallback`` (the trainer says which, once). An
     absent STS folder without a fallback is a ConfigError with the command that fetches it."""
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     if settings.eval_every == 0:
         return settings
@@ -249,7 +315,7 @@ def dev_sets(cfg: TrainConfig, settings):
 
 def dev_hash(settings) -> str | None:
     """sha256 of the dev files the run selects on, so an edited dev set selects afresh."""
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     if settings.eval_every == 0:
         return None
@@ -283,8 +349,8 @@ def run(
     hooks: dict | None = None,
 ) -> dict:
     """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
-    from pairforge.pipeline.errors import ConfigError, IncompleteDatasetError
-    from pairforge.pipeline.sts import DEMO_TASKS, DEV_TASKS, TASKS
+    from pairforge.pipeline.plumbing.errors import ConfigError, IncompleteDatasetError
+    from pairforge.pipeline.science.sts import DEMO_TASKS, DEV_TASKS, TASKS
     from pairforge.train import distributed as dist
     from pairforge.train.data import PairsSource
     from pairforge.train.loop import Trainer, quiet_transformers
@@ -343,7 +409,7 @@ def run(
             settings.eval_tasks,
         )
         Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-        write_metrics(cfg.metrics, metrics, STAGE)
+        write_metrics(cfg.metrics, metrics, STAGE.headlines)
         return metrics
     finally:
         # Under torchrun every rank leaves the group together, once rank 0 has written the
@@ -374,7 +440,7 @@ def _objective_metrics(summary: dict) -> dict:
     }
 
 
-@stage_command(STAGE, TrainConfig, names={"objective": ("--objective", "-o")})
+@stage_command(STAGE, names={"objective": ("--objective", "-o")})
 def command(
     cfg: TrainConfig,
     progress: bool,
@@ -401,9 +467,9 @@ def _mined_encoder(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
     by ``sample``) unless ``--model`` was given or the manifest names none."""
     import logging
 
-    from pairforge.pipeline.errors import ConfigError
-    from pairforge.pipeline.models import spec_problem
-    from pairforge.pipeline.shards import read_manifest
+    from pairforge.pipeline.plumbing.errors import ConfigError
+    from pairforge.pipeline.plumbing.shards import read_manifest
+    from pairforge.pipeline.science.models import spec_problem
 
     if "model" in given or not (Path(cfg.input) / "_manifest.json").exists():
         return cfg

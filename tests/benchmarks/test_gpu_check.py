@@ -1,6 +1,7 @@
 """The prepared GPU check (benchmarks/gpu_check.py) on the CPU: every step end to end with
 ``--device cpu --dry-run`` (the device side is the CPU too, so every comparison must hold
-exactly), a failing step as its own row, the budget, and the parts that carry it to a device."""
+exactly; in the slow suite, which CI runs), a failing step as its own row, the budget, and the
+parts that carry it to a device."""
 
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def run(tmp_path, *extra) -> dict:
     return facts
 
 
+# About a minute of subprocesses (every stage's command, twice for the kill): the slow suite,
+# which CI runs, keeps the default suite within its 3 minutes.
+@pytest.mark.slow
 def test_the_dry_run_runs_every_step_and_every_check_holds(tmp_path, tiny_encoder_dir):
     facts = run(tmp_path, "--model", str(tiny_encoder_dir))
     rows = facts["rows"]

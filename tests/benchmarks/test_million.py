@@ -65,9 +65,9 @@ def test_a_small_run_mines_samples_and_reports_ratios(tmp_path):
     folder = tmp_path / "n600"
     # The vectors went with their own sentence ids, shard by shard. (Ingest keeps the input
     # order here, so this checks shard offsets and alignment, not the reordering itself.)
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
+    from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
 
     sentences = open_dataset(folder / "data/sentences", S.SENTENCES)
     assert len(sentences) == 3

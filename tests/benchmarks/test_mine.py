@@ -151,9 +151,9 @@ def test_perturb_edits_one_word():
 
 
 def test_candidates_are_the_copies_of_present_sentences(shared, tmp_path):
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import open_dataset
-    from pairforge.pipeline.text import sentence_id
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
+    from pairforge.pipeline.science.text import sentence_id
 
     texts, origin = corpus.build_corpus(120, seed=0)
     texts, origin = texts[:60], origin[:60]

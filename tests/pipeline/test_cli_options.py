@@ -8,9 +8,10 @@ from typing import Literal
 
 import pytest
 import yaml
-from pairforge.pipeline.cli_options import option_type, stage_command
-from pairforge.pipeline.config import StageConfig
-from pairforge.stages import STAGES, cli, config_models
+from pairforge.pipeline.plumbing.config import StageConfig
+from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.stages import STAGES, cli, config_models, stage_module
+from pairforge.stages.options import option_type, stage_command
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
@@ -69,7 +70,7 @@ def test_a_stage_has_one_option_per_field_with_its_description(stage):
 
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_the_help_lists_every_option_and_keeps_the_docstring(stage):
-    module = importlib.import_module(STAGES[stage][0])
+    module = importlib.import_module(stage_module(stage))
     result = runner.invoke(cli.app, [stage, "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0
     for option in cli.load_command(stage).params:
@@ -92,7 +93,7 @@ def captured(monkeypatch):
     calls: list[tuple[tuple, dict]] = []
 
     def patch(stage: str) -> list[tuple[tuple, dict]]:
-        module = importlib.import_module(STAGES[stage][0])
+        module = importlib.import_module(stage_module(stage))
         monkeypatch.setattr(module, "run", lambda *a, **k: calls.append((a, k)))
         return calls
 
@@ -193,21 +194,24 @@ class Tiny(StageConfig):
     size: int = 1
 
 
+TINY = StageDef(name="tiny", module=__name__, config=Tiny, inputs=(), outputs=(), params=())
+
+
 def test_a_body_parameter_that_is_no_option_is_refused_at_import():
     with pytest.raises(TypeError, match="'oops' is no shared option"):
 
-        @stage_command("tiny", Tiny)
+        @stage_command(TINY)
         def command(cfg: Tiny, oops: int) -> None:
             """Nothing."""
 
     with pytest.raises(TypeError, match="option names for fields it lacks"):
-        stage_command("tiny", Tiny, names={"sise": ("--sise",)})(lambda cfg: None)
+        stage_command(TINY, names={"sise": ("--sise",)})(lambda cfg: None)
 
 
 def test_a_full_disk_names_the_dataset_and_the_file():
     import errno
 
-    from pairforge.pipeline.cli_options import disk_full, disk_full_message
+    from pairforge.stages.options import disk_full, disk_full_message
 
     def msg(file):
         return disk_full_message(OSError(errno.ENOSPC, "No space left on device", file))

@@ -12,12 +12,12 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline import shards as shards_module
-from pairforge.pipeline.errors import CorruptShardError
-from pairforge.pipeline.runner import LocalExecutor, ShardResult, map_shards
-from pairforge.pipeline.shards import DatasetWriter, open_dataset
-from pairforge.pipeline.verify import verify_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing import shards as shards_module
+from pairforge.pipeline.plumbing.errors import CorruptShardError
+from pairforge.pipeline.plumbing.runner import LocalExecutor, ShardResult, map_shards
+from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset
+from pairforge.stages.verify import verify_dataset
 
 from tests.conftest import run_cli
 
@@ -152,7 +152,7 @@ def test_runner_verifies_its_input_shards(tmp_path):
 
 
 def test_embeddings_row_groups_are_verified(tmp_path):
-    from pairforge.pipeline.mining_inputs import iter_vectors, open_embeddings
+    from pairforge.pipeline.science.mining_inputs import iter_vectors, open_embeddings
 
     write(tmp_path / "emb", EMB16)
     _flip(tmp_path / "emb" / "data/part-00001.parquet")
@@ -248,8 +248,8 @@ def test_a_stage_reading_a_corrupt_shard_exits_2_with_one_line(tmp_path):
 
 
 def test_no_reader_bypasses_the_verified_read():
-    """Every Parquet read of a pairforge dataset goes through pipeline/shards.py's verified
-    functions; raw corpus files (pipeline/readers.py, ingest's inputs) are not datasets."""
+    """Every Parquet read of a pairforge dataset goes through pipeline/plumbing/shards.py's verified
+    functions; raw corpus files (pipeline/science/readers.py, ingest's inputs) are not datasets."""
     import ast
 
     from tests.conftest import ROOT
@@ -266,7 +266,7 @@ def test_no_reader_bypasses_the_verified_read():
         "dataset",
     }
     modules = {"pq", "pl", "ds", "pa", "polars", "pyarrow", "duckdb"}
-    allowed = {"pipeline/shards.py", "pipeline/readers.py", "pipeline/verify.py"}
+    allowed = {"pipeline/plumbing/shards.py", "pipeline/science/readers.py", "stages/verify.py"}
     offenders = []
     for folder in ("pipeline", "stages", "train"):
         for file in sorted((ROOT / folder).rglob("*.py")):

@@ -14,11 +14,11 @@ import sys
 import time
 
 import pytest
-from pairforge.pipeline import locks
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import DatasetLockedError
-from pairforge.pipeline.shards import DatasetWriter, open_dataset, run_info_path
-from pairforge.pipeline.verify import verify_dataset
+from pairforge.pipeline.plumbing import locks
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import DatasetLockedError
+from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset, run_info_path
+from pairforge.stages.verify import verify_dataset
 
 from tests.conftest import ROOT, run_cli
 from tests.stages.ingest.test_resume import make_project
@@ -57,7 +57,7 @@ def test_writer_lock_is_reentrant_in_a_process_and_released(tmp_path):
 
 def _hold_lock_in_child(folder) -> subprocess.Popen:
     code = (
-        "import sys, time; from pairforge.pipeline import locks; "
+        "import sys, time; from pairforge.pipeline.plumbing import locks; "
         f"locks.acquire({str(folder)!r}); print('locked', flush=True); time.sleep(600)"
     )
     proc = subprocess.Popen(

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import yaml
-from pairforge.pipeline.metrics import HEADLINES, headline, headline_path, write_metrics
+from pairforge.pipeline.plumbing.metrics import headline, headline_path, write_metrics
+from pairforge.stages import declaration, declarations
 
 ROOT = Path(__file__).parents[2]
 
@@ -37,7 +38,7 @@ def test_headline_picks_paths_wildcards_and_functions_and_skips_what_is_missing(
 
 def test_write_metrics_writes_everything_and_the_headline_beside_it(tmp_path):
     metrics = {"rows_kept": 7, "rows_dropped_total": 2, "rows_dropped": {"empty": 2}}
-    head = write_metrics(tmp_path / "m" / "ingest.json", metrics, "ingest")
+    head = write_metrics(tmp_path / "m" / "ingest.json", metrics, declaration("ingest").headlines)
     assert (
         head
         == tmp_path / "m" / "headline" / "ingest.json"
@@ -49,9 +50,9 @@ def test_write_metrics_writes_everything_and_the_headline_beside_it(tmp_path):
 
 def test_train_and_evaluate_headlines_name_the_objective_and_models():
     train = {"debcse": {"steps": 200, "best_dev": 80.9, "rows_used": 3200}}
-    assert headline(train, HEADLINES["train"]) == {"steps": 200, "best_dev": 80.9}
+    assert headline(train, declaration("train").headlines) == {"steps": 200, "best_dev": 80.9}
     evaluate = {"models": {"debcse": {"avg": 79.7, "sts12": 77.0}, "base (mean)": {"avg": 80.3}}}
-    assert headline(evaluate, HEADLINES["evaluate"]) == {
+    assert headline(evaluate, declaration("evaluate").headlines) == {
         "sts_avg": {"debcse": 79.7, "base (mean)": 80.3}
     }
 
@@ -59,19 +60,20 @@ def test_train_and_evaluate_headlines_name_the_objective_and_models():
 def test_dvc_yaml_declares_the_headlines_as_metrics_and_the_full_files_as_outputs():
     dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    headlines = {name for name, stage in declarations().items() if stage.headlines}
     with_metrics = {name for name, stage in dvc.items() if stage.get("metrics")}
-    assert with_metrics == set(HEADLINES)
-    for name in HEADLINES:
+    assert with_metrics == headlines
+    for name in headlines:
         stage = dvc[name]
         declared = [next(iter(entry)) for entry in stage["metrics"]]
         assert declared == [str(headline_path(params[name]["metrics"]))], name
         outs = [next(iter(entry)) if isinstance(entry, dict) else entry for entry in stage["outs"]]
         assert f"${{{name}.metrics}}" in outs, name
-        assert "pipeline/metrics.py" in stage["deps"], name
+        assert "pipeline/plumbing/metrics.py" in stage["deps"], name
 
 
 def test_a_stage_writes_its_headline(tmp_path):
-    from pairforge.pipeline.runner import LocalExecutor
+    from pairforge.pipeline.plumbing.runner import LocalExecutor
     from pairforge.stages.ingest.stage import IngestConfig, run
 
     (tmp_path / "a.txt").write_text("one two three four five\n\nsix seven eight nine ten\n")

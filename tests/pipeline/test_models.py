@@ -1,4 +1,4 @@
-"""The model layer (``pipeline.models``): one encoder for embed, report, train and evaluate.
+"""The model layer (``pipeline.science.models``): one encoder for embed, report, train and evaluate.
 
 The expected vectors were computed by the two encoders the merged one replaced (embed's
 ``TextEncoder``, the evaluator's ``Embedder``) on the tiny BERT built here, before the merge:
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models import (
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models import (
     POOLINGS,
     SentenceEncoder,
     load_encoder,
@@ -22,7 +22,7 @@ from pairforge.pipeline.models import (
     load_text_encoder,
     mlm_head_of,
 )
-from pairforge.pipeline.models.encoder import TokenIds
+from pairforge.pipeline.science.models.encoder import TokenIds
 
 WORDS = ["the", "river", "bank", "is", "quiet", "an", "old", "boat", "on", "a", "long", "day", "."]
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", '"', "means"]
@@ -254,7 +254,7 @@ def test_free_heap_is_released_every_few_batches_and_after_the_last(tiny, monkey
     """glibc's malloc_trim after every TRIM_EVERY-th batch and once after the last: each call
     costs a re-fault of the next batch's pages, so not after every batch
     (benchmarks/results/embed_trim-2026-11-26.md)."""
-    from pairforge.pipeline.models import encoder as module
+    from pairforge.pipeline.science.models import encoder as module
 
     calls = []
     monkeypatch.setattr(module, "_MALLOC_TRIM", calls.append)

@@ -1,4 +1,4 @@
-"""The onnxruntime engine (``pipeline/models/ort.py``) on a tiny BERT built in the test: float32
+"""The onnxruntime engine (``pipeline/science/models/ort.py``) on a tiny BERT built in the test: float32
 gives the transformers engine's vectors for every pooling, int8 stays close, the export and the
 quantisation are made once, the layers int8 keeps in float32 are the FFN projections, and
 settings or models it cannot take are one clear error."""
@@ -13,10 +13,10 @@ import re
 import numpy as np
 import onnxruntime  # noqa: F401 (required: a broken install must fail, not skip)
 import pytest
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.modelfiles import resolve_translation_model
-from pairforge.pipeline.models import SentenceEncoder, load_text_encoder
-from pairforge.pipeline.models.ort import (
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.science.models import SentenceEncoder, load_text_encoder
+from pairforge.pipeline.science.models.files import resolve_translation_model
+from pairforge.pipeline.science.models.ort import (
     CALIBRATION,
     MODEL_FILE,
     Int8Recipe,
@@ -364,7 +364,7 @@ def test_the_int8_recipe_is_recorded_and_int8_weights_without_vnni_warn(
 ):
     """The encoder's info names its int8 recipe (sample compares it); int8 weights on a CPU
     without VNNI run, with a warning that their products saturate there."""
-    from pairforge.pipeline.models import ort
+    from pairforge.pipeline.science.models import ort
 
     monkeypatch.setattr(ort, "int8_weights_for_cpu", lambda: "uint8")
     with caplog.at_level(logging.WARNING, logger="pairforge"):

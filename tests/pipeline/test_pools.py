@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pairforge.pipeline.pools import EXCLUSION_REASONS, build_negative_pools
-from pairforge.pipeline.text import match_key
+from pairforge.pipeline.science.pools import EXCLUSION_REASONS, build_negative_pools
+from pairforge.pipeline.science.text import match_key
 from pairforge.stages.mine.index import build_index, search
 
 F32 = np.float32

@@ -7,15 +7,15 @@ import functools
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.runner import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.runner import (
     DaskExecutor,
     LocalExecutor,
     ShardResult,
     map_shards,
     map_tables,
 )
-from pairforge.pipeline.shards import Dataset, DatasetWriter, open_dataset
+from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset
 
 
 def upper(table: pa.Table, calls: list[int] | None = None) -> ShardResult:
@@ -170,7 +170,7 @@ def test_with_index_and_facts(tmp_path, threads):
 
 def test_pending_is_what_some_output_has_not_finished(tmp_path):
     """A shard is skipped only when every output has it; one output missing it reruns it."""
-    from pairforge.pipeline.runner import finished, pending
+    from pairforge.pipeline.plumbing.runner import finished, pending
 
     make_input(tmp_path, shards=3)
     inputs = open_dataset(tmp_path / "in", S.SENTENCES)

@@ -10,13 +10,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import (
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import (
     CorruptShardError,
     DataIntegrityError,
     IncompleteDatasetError,
 )
-from pairforge.pipeline.shards import (
+from pairforge.pipeline.plumbing.shards import (
     DatasetWriter,
     file_checksums,
     open_dataset,
@@ -107,7 +107,7 @@ def test_other_tools_read_the_shards(tmp_path):
     """``data/`` holds only Parquet: every folder reader reads it; the dataset folder itself
     (manifest, card) loads with ``datasets.load_dataset`` as a Hub dataset does."""
     import datasets
-    from pairforge.pipeline.dataset_card import CARD, front_matter, hub_metadata
+    from pairforge.pipeline.science.dataset_card import CARD, front_matter, hub_metadata
 
     write_dataset(tmp_path / "ds", [sentences(3), sentences(2, 3)])
     folder, data = tmp_path / "ds", tmp_path / "ds" / "data"
@@ -221,7 +221,7 @@ def test_metrics_write_removes_a_killed_writers_temporary(tmp_path):
     import subprocess
     import sys
 
-    from pairforge.pipeline.metrics import write_metrics
+    from pairforge.pipeline.plumbing.metrics import write_metrics
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)  # fmt: skip
@@ -231,7 +231,7 @@ def test_metrics_write_removes_a_killed_writers_temporary(tmp_path):
     other = tmp_path / f".other.json.tmp-{int(dead.stdout)}-1"  # another file's: not ours
     for p in (stale, live, other):
         p.write_text("half")
-    write_metrics(target, {"rows": 1}, "ingest")
+    write_metrics(target, {"rows": 1}, {"rows_out": "rows"})
     assert json.loads(target.read_text()) == {"rows": 1}
     assert not stale.exists()
     assert live.exists() and other.exists()

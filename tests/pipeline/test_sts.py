@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 import pytest
-from pairforge.pipeline import sts
-from pairforge.pipeline.errors import PairforgeError
+from pairforge.pipeline.plumbing.errors import PairforgeError
+from pairforge.pipeline.science import sts
 
 from tests.train.builders import STS_PAIRS
 

@@ -8,7 +8,13 @@ import numpy as np
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pairforge.pipeline.text import char_counts, normalize, normalize_one, sentence_ids, word_counts
+from pairforge.pipeline.science.text import (
+    char_counts,
+    normalize,
+    normalize_one,
+    sentence_ids,
+    word_counts,
+)
 
 TRICKY = [
     "plain ascii sentence",

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.shards import DatasetWriter
-from pairforge.pipeline.text import sentence_ids
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import DatasetWriter
+from pairforge.pipeline.science.text import sentence_ids
 
 WORDS = [
     "river",
@@ -143,7 +143,7 @@ def write_sentences(
 def write_candidates(path: Path, rows: list[tuple[str, str, str, str]]) -> Path:
     """A complete one-shard ``candidates`` dataset of clean round trips ``(id, sentence,
     candidate, route)``, with their identical flags and edit ratios."""
-    from pairforge.pipeline.candidate_quality import quality_signals
+    from pairforge.pipeline.science.candidate_quality import quality_signals
 
     ids, sources, texts, routes = (list(c) for c in zip(*rows, strict=True))
     identical, length_ratio, edit_ratio = quality_signals(sources, texts)

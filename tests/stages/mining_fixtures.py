@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.science.text import sentence_id
 
 from tests.stages.mining_helpers import (
     candidate_rows,

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.mining_inputs import VECTOR_ROW_GROUP
-from pairforge.pipeline.shards import DatasetWriter, ShardInfo, write_shard
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import DatasetWriter, ShardInfo, write_shard
+from pairforge.pipeline.science.mining_inputs import VECTOR_ROW_GROUP
+from pairforge.pipeline.science.text import sentence_id
 
 
 def write_vectors(
@@ -306,7 +306,7 @@ def write_sentence_embeddings(folder: Path, vectors: np.ndarray, model: str) -> 
     """The embeddings dataset ``embed`` would write for ``folder/data/sentences`` (one shard per
     sentence shard, the same ids in the same order, ``model``'s record with mean pooling), from
     vectors given instead of computed (the benchmarks' synthetic mining inputs)."""
-    from pairforge.pipeline.shards import open_dataset
+    from pairforge.pipeline.plumbing.shards import open_dataset
 
     sentences = open_dataset(folder / "data/sentences", S.SENTENCES)
     ids = sentences.read_table([S.ID])[S.ID].to_pylist()

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.shards import DatasetWriter
-from pairforge.pipeline.sts import STS_SUBSETS
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import DatasetWriter
+from pairforge.pipeline.science.sts import STS_SUBSETS
 
 PAIRS_COLUMNS = {
     S.TEXT: pa.string(),
@@ -76,7 +76,7 @@ def write_pairs(
             }
         )
         if row_group_size:
-            from pairforge.pipeline.shards import write_shard
+            from pairforge.pipeline.plumbing.shards import write_shard
 
             write_shard(path, shard, table, spec, str(path), row_group_size=row_group_size)
         else:

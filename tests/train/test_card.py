@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pairforge.pipeline.models import SentenceEncoder
+from pairforge.pipeline.science.models import SentenceEncoder
 from pairforge.stages.train import stage as T
 from pairforge.train.card import read_front_matter, write_model_card
 from pairforge.train.export import export_model
@@ -142,8 +142,8 @@ def _modes(root) -> dict[str, int]:
 @pytest.mark.parametrize("mask", [0o022, 0o027])
 def test_exported_files_and_shards_get_the_umask_modes(mask, encoder, tiny_tokenizer, tmp_path):
     import pyarrow as pa
-    from pairforge.pipeline import schemas as S
-    from pairforge.pipeline.shards import write_shard
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import write_shard
 
     old = os.umask(mask)
     try:

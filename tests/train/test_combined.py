@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages.train import stage as T
 from pairforge.train.objectives import columns, trainable_parameters
 from pairforge.train.objectives.combined import Combined, combined_loss

@@ -6,8 +6,8 @@ import io
 
 import pytest
 import torch
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import IncompleteDatasetError, PairforgeError
 from pairforge.train.data import Collator, PairsSource, RowStream
 from pairforge.train.objectives.debcse import DebCSE
 from pairforge.train.objectives.denosent import DenoSent

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.models import SentenceEncoder, describe_model, load_sentence_encoder
+from pairforge.pipeline.science.models import SentenceEncoder, describe_model, load_sentence_encoder
 from pairforge.train.export import export_model
 from transformers import AutoModel
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 import torch
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models import head_is_untrained, output_projection
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models import head_is_untrained, output_projection
 from pairforge.train.infocse_aux import (
     AuxiliaryMLM,
     load_auxiliary,

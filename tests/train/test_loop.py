@@ -9,9 +9,9 @@ import logging
 import numpy as np
 import pytest
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.models import load_sentence_encoder
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.science.models import load_sentence_encoder
 from pairforge.stages.train import stage as T
 
 from tests.train.builders import pairs_rows, write_pairs
@@ -104,7 +104,7 @@ def test_dev_evaluation_keeps_the_best_and_a_rerun_is_a_no_op(
     info = json.loads((model / "pairforge.json").read_text())
     assert info["step"] == best["step"] and info["dev"]["score"] == best["score"]
     # The exported best model scores on the dev sets what the trainer measured.
-    from pairforge.pipeline import sts
+    from pairforge.pipeline.science import sts
 
     embedder, _ = load_sentence_encoder(str(model))
     again = sts.evaluate(embedder, sts_dir, ["stsb_dev", "sickr_dev"], align_uniform=False)

@@ -6,7 +6,7 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.train.objective_options import OPTIONS, check_options
 from pairforge.train.objectives import OBJECTIVES
 from pairforge.train.objectives.base import BuildContext

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from pairforge.pipeline.models.pooling import pool
+from pairforge.pipeline.science.models.pooling import pool
 from pairforge.train.objectives import (
     COLUMNS,
     OBJECTIVES,

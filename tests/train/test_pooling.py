@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from pairforge.pipeline.models import SentenceEncoder, load_sentence_encoder
+from pairforge.pipeline.science.models import SentenceEncoder, load_sentence_encoder
 from pairforge.stages.train import stage as T
 from pairforge.train.loop import start_model_vectors
 from pairforge.train.objectives import OBJECTIVES

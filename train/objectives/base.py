@@ -20,7 +20,7 @@ in by subclassing and registering, with no change to the trainer:
 - ``columns``: the training-data columns it reads (checked before training starts).
 - ``pooling``: how the *trained encoder* turns a sentence into its vector at evaluation, in the
   dev evaluation during training and in the exported sentence-transformers model: one of
-  ``pipeline.models.POOLINGS`` (``cls``, ``cls_before_pooler``, ``mean``, ``mask``). Training-only
+  ``pipeline.science.models.POOLINGS`` (``cls``, ``cls_before_pooler``, ``mean``, ``mask``). Training-only
   heads (projectors, MLPs, BatchNorm, predictors) are never part of it. Objectives whose paper
   leaves the pooling open (SimCSE, DebCSE, InfoCSE, BSL) take it as the ``pooling`` option, one of
   :data:`TRAINABLE_POOLINGS`, and default to the start model's own (``start_pooling``, read from
@@ -55,9 +55,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import torch
+from pairforge.train.objective_options import TrainablePooling
 from pairforge.train.objectives.prompts import build_prompt_inputs
 from torch import nn
 
@@ -71,7 +72,7 @@ ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 # Constructor argument names through which an objective asks for the pretrained MLM head.
 MLM_HEAD_ARGUMENTS = frozenset({"output_head", "mlm_head"})
 # Poolings an objective can train without a prompt (``mask`` needs one: DenoSent, CoT-BERT).
-TRAINABLE_POOLINGS = ("cls", "cls_before_pooler", "mean")
+TRAINABLE_POOLINGS: tuple[str, ...] = get_args(TrainablePooling)
 
 
 @dataclass
@@ -80,7 +81,7 @@ class BuildContext:
 
     ``mlm_head`` is the masked-LM head of the pretrained model (``BertForMaskedLM.cls``), or
     ``None`` when the objective did not ask for it. ``start_pooling`` is the start model's own
-    pooling (``pipeline.models.POOLINGS``) when its folder declares one (a sentence-transformers
+    pooling (``pipeline.science.models.POOLINGS``) when its folder declares one (a sentence-transformers
     Pooling module or a pairforge export), else ``None``.
     """
 
@@ -212,9 +213,9 @@ def pool_features(
 
     The vectors are ``(batch_size, dim)``, or ``(batch_size * n, dim)`` for a list-valued column
     (:func:`run_encoder` flattens it); they are what the evaluator computes for the same pooling
-    (``pipeline.models.pool``), so training and evaluation read the same vector.
+    (``pipeline.science.models.pool``), so training and evaluation read the same vector.
     """
-    from pairforge.pipeline.models import pool
+    from pairforge.pipeline.science.models import pool
 
     outputs = run_encoder(encoder, features, output_hidden_states=output_hidden_states)
     mask = features["attention_mask"]

@@ -1,13 +1,13 @@
 """Names of the training-data columns that the objectives read.
 
 They are the column names of the ``pairs`` dataset that the ``sample`` stage writes; the schema
-module (``pipeline.schemas``) owns them and this module only re-exports them under the names the
+module (``pipeline.plumbing.schemas``) owns them and this module only re-exports them under the names the
 objectives use.
 """
 
 from __future__ import annotations
 
-from pairforge.pipeline import schemas as S
+from pairforge.pipeline.plumbing import schemas as S
 
 # SimCSE: one sentence per row; the positive is the same sentence under another dropout mask.
 TEXT = S.TEXT

@@ -32,7 +32,7 @@ Choices, each a constructor argument (defaults follow the authors' training comm
   denoising and without the MLP, as the authors' evaluation does.
 - Byte-level BPE (RoBERTa): where the template has a space before ``[X]``, the sentence is
   tokenized with that space, so training tokens equal those of the string-level prompt wrapping
-  the evaluator uses (``pipeline.models.wrap_prompt``). The authors' code drops that space.
+  the evaluator uses (``pipeline.science.models.wrap_prompt``). The authors' code drops that space.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Batch, Encoder, Objective, run_encoder
 from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for callers of this module
@@ -41,7 +42,7 @@ from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for
 from pairforge.train.objectives.simcse import simcse_loss
 from torch import nn
 
-PROMPT_TEMPLATE = '"[X]" means [MASK].'
+PROMPT_TEMPLATE = DEFAULT_PROMPT  # the prompt-based pooling's template (PromptBERT's)
 
 
 def mask_positions(input_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:

@@ -31,8 +31,8 @@ import logging
 from typing import Any
 
 import torch
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.models import head_is_untrained
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models import head_is_untrained
 from pairforge.train.infocse_aux import (  # noqa: F401 - mask_tokens re-exported with the objective
     AuxiliaryMLM,
     encoder_layers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pairforge.pipeline.models import cut_sentences
+from pairforge.pipeline.science.models import cut_sentences
 
 SENTENCE_SLOT = "[X]"
 MASK_SLOT = "[MASK]"

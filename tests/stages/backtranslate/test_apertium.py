@@ -15,9 +15,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.modelfiles import resolve_translation_model
-from pairforge.pipeline.models.apertium import mode_problem
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models.apertium import mode_problem
+from pairforge.pipeline.science.models.files import resolve_translation_model
 from pairforge.stages.backtranslate.apertium import (
     ApertiumError,
     ApertiumPipeline,
@@ -25,7 +25,7 @@ from pairforge.stages.backtranslate.apertium import (
     encode_block,
 )
 from pairforge.stages.backtranslate.stage import BacktranslateConfig
-from pairforge.stages.profile import preset
+from pairforge.stages.profile import profile_params
 
 from tests.conftest import ROOT, run_cli
 from tests.faults import KILLED
@@ -301,7 +301,7 @@ def test_a_pair_that_is_not_installed_names_what_to_install(tmp_path):
         "installed modes)"
     )
     assert "is not an Apertium mode name" in mode_problem("apertium:../../etc/passwd")
-    params = preset("apertium")
+    params = profile_params("apertium")
     params["backtranslate"]["routes"][0]["backward"] = "apertium:spa-xxx"
     write_params(tmp_path / "params.yaml", params)
     result = run_cli(["profile", "check", "params.yaml"], cwd=tmp_path)

@@ -7,9 +7,9 @@ import json
 import pairforge.stages.backtranslate.engines as engines
 import pyarrow.compute as pc
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.runner import LocalExecutor
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.runner import LocalExecutor
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.backtranslate.stage import BacktranslateConfig, run
 from pairforge.stages.standin.stage import StandinConfig
 from pairforge.stages.standin.stage import run as run_standin

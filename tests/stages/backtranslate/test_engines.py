@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.modelfiles import convert_ctranslate2, resolve_translation_model
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.models.files import convert_ctranslate2, resolve_translation_model
 from pairforge.stages.backtranslate.decoding import Decoding
 from pairforge.stages.backtranslate.engines import (
     TransformersTranslator,

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages.backtranslate.engines import engine_settings
 
 from tests.conftest import ROOT
@@ -28,7 +28,7 @@ PROBE = """
 import json, sys
 from pairforge.stages.backtranslate.decoding import Decoding
 from pairforge.stages.backtranslate.engines import engine_settings, load_translator
-from pairforge.pipeline.modelfiles import resolve_translation_model
+from pairforge.pipeline.science.models.files import resolve_translation_model
 model, isa, models_dir, configs = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 texts = json.loads(sys.stdin.read())
 ref = resolve_translation_model(model)

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pairforge.pipeline.cache import KeyValueCache, cache_key
-from pairforge.pipeline.candidate_quality import quality_signals
+from pairforge.pipeline.plumbing.cache import KeyValueCache, cache_key
+from pairforge.pipeline.science.candidate_quality import quality_signals
 from pairforge.stages.backtranslate.batching import plan_batches
 from pairforge.stages.backtranslate.decoding import Decoding, Lengths
 from pairforge.stages.backtranslate.noise import (

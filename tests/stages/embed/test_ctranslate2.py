@@ -9,12 +9,12 @@ import logging
 import ctranslate2  # noqa: F401 (required: a broken install must fail, not skip)
 import numpy as np
 import pytest
-from pairforge.pipeline import runner
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.models import SentenceEncoder, load_text_encoder
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import runner
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.science.models import SentenceEncoder, load_text_encoder
 from pairforge.stages.embed.stage import EmbedConfig, run
 
 from tests.stages.mining_helpers import copy_project, make_texts, read_json

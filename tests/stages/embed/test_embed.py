@@ -7,12 +7,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import IncompleteDatasetError, PairforgeError
-from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.models import load_text_encoder
-from pairforge.pipeline.shards import open_dataset
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import IncompleteDatasetError, PairforgeError
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.science.models import load_text_encoder
+from pairforge.pipeline.science.text import sentence_id
 from pairforge.stages.embed.stage import EmbedConfig, embed_shard, run
 
 from tests.stages.mining_helpers import (

@@ -9,10 +9,10 @@ import numpy as np
 import onnxruntime  # noqa: F401 (required: a broken install must fail, not skip)
 import pyarrow as pa
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.models import load_text_encoder
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.science.models import load_text_encoder
 from pairforge.stages.embed.stage import embed_shard
 
 from tests.conftest import run_cli
@@ -93,7 +93,7 @@ def test_several_gpus_do_not_take_the_onnxruntime_engine_off_the_cpu(
     """On a machine with several GPUs, ``device: auto`` gives the other engines a Dask worker
     per GPU; the onnxruntime engine (CPU only) stays in this process on the CPU."""
     import torch
-    from pairforge.pipeline import runner
+    from pairforge.pipeline.plumbing import runner
     from pairforge.stages.cli import app
     from typer.testing import CliRunner
 
@@ -124,7 +124,7 @@ def test_the_planning_process_picks_the_int8_weights_for_every_worker(
     where the pick differs embeds again instead of mixing two quantisations."""
     import pickle
 
-    from pairforge.pipeline.models import ort
+    from pairforge.pipeline.science.models import ort
     from pairforge.stages.cli import app
     from pairforge.stages.embed.stage import EmbedConfig, EmbedShard
     from typer.testing import CliRunner

@@ -7,9 +7,9 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from pairforge.pipeline import sts
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.text import normalize_one
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.science import sts
+from pairforge.pipeline.science.text import normalize_one
 
 from tests.conftest import ROOT
 

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline import sts
+from pairforge.pipeline.science import sts
 from pairforge.stages.cli import app
 from pairforge.stages.evaluate import stage as evaluate_stage
 from pairforge.stages.train import stage as train_stage

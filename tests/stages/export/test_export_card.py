@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import front_matter, hub_license, hub_metadata
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.science.dataset_card import front_matter, hub_license, hub_metadata
 from pairforge.stages.export.layouts import write_export
 
 

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.readers import InputError
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.science.readers import InputError
 from pairforge.stages.cli import app
 from typer.testing import CliRunner
 

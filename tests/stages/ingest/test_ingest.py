@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.runner import LocalExecutor
-from pairforge.pipeline.shards import open_dataset
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.runner import LocalExecutor
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.text import sentence_id
 from pairforge.stages.ingest.stage import Deduplicator, IngestConfig, run
 
 GOOD = [

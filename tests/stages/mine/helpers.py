@@ -4,8 +4,8 @@ mining project (its fixture, ``project``, is in this folder's conftest)."""
 from __future__ import annotations
 
 import numpy as np
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.mine.stage import MineConfig
 
 from tests.stages.mining_helpers import unit

@@ -10,9 +10,9 @@ import faiss
 import numpy as np
 import pyarrow as pa
 import pytest
-from pairforge.pipeline import mining_inputs
-from pairforge.pipeline.errors import DataIntegrityError
-from pairforge.pipeline.mining_inputs import (
+from pairforge.pipeline.plumbing.errors import DataIntegrityError
+from pairforge.pipeline.science import mining_inputs
+from pairforge.pipeline.science.mining_inputs import (
     MappedVectors,
     load_vectors,
     open_embeddings,

@@ -7,11 +7,11 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import DataIntegrityError
-from pairforge.pipeline.schemas import SchemaError
-from pairforge.pipeline.shards import open_dataset
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import DataIntegrityError
+from pairforge.pipeline.plumbing.schemas import SchemaError
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.text import sentence_id
 from pairforge.stages.mine.stage import MineConfig, run
 
 from tests.stages.mine.helpers import mine_cfg, sentence_ids, vectors
@@ -295,7 +295,7 @@ def test_anchor_batches_do_not_change_the_pools(project, tmp_path):
 
 def test_pool_cap_beyond_faiss_gpu_k_is_a_clear_error(project, monkeypatch):
     import pairforge.stages.mine.searcher as searcher_module
-    from pairforge.pipeline.errors import ConfigError
+    from pairforge.pipeline.plumbing.errors import ConfigError
 
     real = searcher_module.open_index
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 import pytest
-from pairforge.pipeline import mining_inputs
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.mining_inputs import MappedVectors, RowsRead
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science import mining_inputs
+from pairforge.pipeline.science.mining_inputs import MappedVectors, RowsRead
 from pairforge.stages.mine import index as index_module
 from pairforge.stages.mine import ondisk
 from pairforge.stages.mine import searcher as searcher_module

@@ -7,9 +7,9 @@ from __future__ import annotations
 import faiss
 import numpy as np
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.mine import torch_search
 from pairforge.stages.mine.searcher import IndexSettings, search_engine
 from pairforge.stages.mine.stage import MineConfig, run

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import yaml
-from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.plumbing.runner import LocalExecutor
 from pairforge.stages.cli import app
 from pairforge.stages.ingest.stage import IngestConfig
 from pairforge.stages.ingest.stage import run as ingest

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.embed.stage import EmbedConfig
 from pairforge.stages.embed.stage import run as embed
 from pairforge.stages.mine.stage import MineConfig

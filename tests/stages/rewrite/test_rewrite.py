@@ -7,10 +7,10 @@ import os
 import threading
 
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.errors import ConfigError, PairforgeError
-from pairforge.pipeline.runner import LocalExecutor
-from pairforge.pipeline.shards import open_dataset
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.runner import LocalExecutor
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.rewrite import llm
 from pairforge.stages.rewrite.llm import (
     ChatClient,

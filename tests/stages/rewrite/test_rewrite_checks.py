@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from pairforge.pipeline.runner import LocalExecutor
+from pairforge.pipeline.plumbing.runner import LocalExecutor
 from pairforge.stages.rewrite.llm import REASONS, Validation, validate_rewrite
 from pairforge.stages.rewrite.stage import RewriteConfig, run
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import NEAR_UNIFORM, effective_number
-from pairforge.pipeline.mining_inputs import ArrowTexts
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.science.dataset_card import NEAR_UNIFORM, effective_number
+from pairforge.pipeline.science.mining_inputs import ArrowTexts
 from pairforge.stages.sample.edits import edit_scorer
 from pairforge.stages.sample.ipw import (
     calibrated_probs,

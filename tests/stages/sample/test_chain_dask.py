@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline.runner import DaskExecutor, LocalExecutor
+from pairforge.pipeline.plumbing.runner import DaskExecutor, LocalExecutor
 from pairforge.stages.mine.stage import MineConfig
 from pairforge.stages.mine.stage import run as mine
 from pairforge.stages.sample.stage import run as sample

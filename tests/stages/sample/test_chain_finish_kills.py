@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline.text import sentence_id
-from pairforge.pipeline.version import source_hash as cached_source_hash
+from pairforge.pipeline.plumbing.version import source_hash as cached_source_hash
+from pairforge.pipeline.science.text import sentence_id
 
 from tests.conftest import ROOT, run_cli
 from tests.faults import KILLED

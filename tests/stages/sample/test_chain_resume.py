@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pairforge.pipeline.text import sentence_id
+from pairforge.pipeline.science.text import sentence_id
 
 from tests.conftest import ROOT, run_cli
 from tests.stages.mining_helpers import (

@@ -10,13 +10,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.dataset_card import CARD
-from pairforge.pipeline.errors import DataIntegrityError, IncompleteDatasetError, PairforgeError
-from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.schemas import SchemaError
-from pairforge.pipeline.shards import open_dataset
-from pairforge.pipeline.text import match_key
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.errors import (
+    DataIntegrityError,
+    IncompleteDatasetError,
+    PairforgeError,
+)
+from pairforge.pipeline.plumbing.schemas import SchemaError
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.dataset_card import CARD
+from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.science.text import match_key
 from pairforge.stages.mine.stage import MineConfig
 from pairforge.stages.mine.stage import run as mine
 from pairforge.stages.sample.pairs import draw, score_pools
@@ -344,7 +348,7 @@ def test_two_int8_recipes_are_other_encoders():
     encoders; one recipe on both sides is one."""
     from types import SimpleNamespace
 
-    from pairforge.pipeline.mining_inputs import ENCODER_KEY, check_same_encoder
+    from pairforge.pipeline.science.mining_inputs import ENCODER_KEY, check_same_encoder
 
     onnx = {**INFO, "engine": "onnxruntime", "compute_type": "int8"}
 

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pyarrow.compute as pc
 import pytest
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline.mining_inputs import load_vectors, open_embeddings
-from pairforge.pipeline.shards import open_dataset
-from pairforge.pipeline.text import match_key
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.science.mining_inputs import load_vectors, open_embeddings
+from pairforge.pipeline.science.text import match_key
 from pairforge.stages.sample.selection import (
     pool_ranks,
     positive_scores,

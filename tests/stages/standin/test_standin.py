@@ -9,7 +9,7 @@ import random
 import re
 
 import pytest
-from pairforge.pipeline.errors import ConfigError
+from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages.standin.synonyms import SYNONYMS, load_table, substitutions
 
 # Sentences full of table words ("large", "almost", "began", ...) and of their antonyms and

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from pairforge.pipeline import schemas as S
-from pairforge.pipeline import sts
+from pairforge.pipeline.plumbing import schemas as S
+from pairforge.pipeline.science import sts
 from pairforge.stages.cli import app
 from typer.testing import CliRunner
 
@@ -220,8 +220,8 @@ def test_train_outside_a_project_runs_on_defaults_with_the_pairs_encoder(
 
 
 def test_params_come_from_the_file_a_profile_or_the_defaults(tmp_path, monkeypatch):
-    from pairforge.pipeline.config import params_source, preset
-    from pairforge.pipeline.errors import ConfigError
+    from pairforge.pipeline.plumbing.config import params_source, preset
+    from pairforge.pipeline.plumbing.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     assert params_source(None, None) == ({}, "defaults")

@@ -1,0 +1,203 @@
+"""One writer per output: an exclusive lock file beside the dataset (or model) folder.
+
+``data/sentences`` is locked by ``data/.sentences.lock``: the file sits outside the folder, so
+DVC never hashes it and a finished dataset never carries it. The lock is an ``flock`` on that
+file, which the kernel drops when its process dies, however it dies; the file also holds who
+took it (pid, host, start time, command) so that a refused writer can name the holder. A lock
+file whose ``flock`` is free was left by a process that is gone (killed, crashed): it is stale
+and taken over with a warning.
+
+Locks are per process and re-entrant: a second ``acquire`` of a lock this process holds only
+counts; the lock is released (file removed) when the count drops to zero, and every lock still
+held is released when the process exits, on an error too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from pairforge.pipeline.plumbing.errors import DatasetLockedError
+
+# Plumbing: no stage's output depends on this module, so it is no stage's code (its edits rerun
+# nothing): pipeline/plumbing/stagedefs.py.
+CHANGES_NO_OUTPUT = True
+
+log = logging.getLogger("pairforge")
+
+_held: dict[str, list[int]] = {}  # resolved lock path -> [fd, count]
+_guard = threading.Lock()
+
+
+def lock_path(output: str | Path) -> Path:
+    """The lock file of an output folder: ``<parent>/.<name>.lock``."""
+    output = Path(output)
+    return output.parent / f".{output.name}.lock"
+
+
+def _holder(fd: int) -> dict:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 65536)
+    try:
+        found = json.loads(raw.decode()) if raw.strip() else {}
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        found = {}
+    return found if isinstance(found, dict) else {}
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _describe(holder: dict) -> str:
+    return (
+        f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+        f"since {holder.get('since', '?')}, `{holder.get('command', '?')}`"
+    )
+
+
+def _command() -> str:
+    """This process's command line as the user typed it (``python -m pairforge.stages.cli``
+    and the console script both read ``pairforge``)."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program in ("cli.py", "__main__.py", "pairforge"):
+        program = "pairforge"
+    return " ".join([program, *sys.argv[1:]])[:500]
+
+
+def acquire(output: str | Path, label: str | None = None) -> Path:
+    """Take the writer lock of ``output``, or raise :class:`DatasetLockedError` naming the holder.
+
+    Returns the lock file. Re-entrant within a process (see the module docstring).
+    """
+    path = lock_path(output)
+    label = label or str(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = str(path.resolve())
+    with _guard:
+        if key in _held:
+            _held[key][1] += 1
+            return path
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _holder(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                raise DatasetLockedError(
+                    f"{label}: another writer holds it ({_describe(holder)}); wait for it to "
+                    f"finish or stop it (lock file {path})"
+                ) from None
+            # The holder we raced with may have removed the file after we opened it: then our
+            # flock is on an orphan inode and someone else may hold the path; start again.
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        stale = _holder(fd)
+        if stale:
+            here = stale.get("host") == socket.gethostname()
+            gone = "is gone" if here and not _pid_alive(stale.get("pid")) else "no longer holds it"
+            log.warning(
+                "%s: taking over a stale lock (%s; that process %s)", label, _describe(stale), gone
+            )
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": _command(),
+        }
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
+        _held[key] = [fd, 1]
+    return path
+
+
+def release(output: str | Path) -> None:
+    """Drop one count of this process's lock on ``output``; the last one removes the file."""
+    path = lock_path(output)
+    key = str(path.resolve())
+    with _guard:
+        entry = _held.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _held[key]
+        # Remove while still holding the flock, so the next writer finds no stale file.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(entry[0])
+
+
+def release_all() -> None:
+    """Release every lock this process holds (at exit, and after a failed command)."""
+    with _guard:
+        held = list(_held.items())
+        _held.clear()
+    for key, (fd, _) in held:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(key)
+        os.close(fd)
+
+
+def held() -> list[str]:
+    """Lock files this process holds (for tests and diagnostics)."""
+    with _guard:
+        return sorted(_held)
+
+
+@contextlib.contextmanager
+def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path | None]:
+    """Hold the writer lock of ``output`` for the ``with`` block (for outputs that are not
+    written through a ``DatasetWriter``, such as models). Under ``torchrun`` only rank 0 takes
+    it: the ranks of one run are one writer."""
+    if int(os.environ.get("RANK", "0") or 0) != 0:
+        yield None
+        return
+    path = acquire(output, label)
+    try:
+        yield path
+    finally:
+        release(output)
+
+
+@contextlib.contextmanager
+def writer_locks(*outputs: str | Path) -> Iterator[None]:
+    """Hold the writer locks of every output dataset of a stage for the ``with`` block: a stage
+    command takes them all before any work (loading a model, reading inputs), so a second run
+    is refused at once and never between two of the first run's outputs."""
+    with contextlib.ExitStack() as stack:
+        for output in outputs:
+            stack.enter_context(writer_lock(output, f"dataset {str(output)!r}"))
+        yield
+
+
+atexit.register(release_all)

@@ -1,0 +1,780 @@
+"""Datasets on disk: a folder of Parquet shards plus a JSON manifest.
+
+Layout of a dataset folder::
+
+    _manifest.json              written last; its presence means the dataset is complete
+    data/part-00000.parquet     shards, numbered from 0, each a self-describing Parquet file
+    README.md                   the card, for datasets that carry one (``pairs``)
+    _progress/                  while a stage runs: one JSON marker per finished shard, run.json
+
+``data/`` holds nothing but Parquet, so every folder reader reads it as a table (polars refuses
+a folder holding any other file); ``datasets.load_dataset(folder)`` finds ``data/*.parquet`` as
+a Hub dataset's train split. Beside the folder, never inside it (DVC hashes the whole folder):
+``.<name>.lock`` while a writer runs (``pipeline/plumbing/locks.py``) and ``.<name>.run.json`` with the
+facts of the run that wrote it (start and end time, host, git commit), so that two runs on the
+same input give byte-identical folders.
+
+Every shard is read through :meth:`Dataset.read_shard` (or :meth:`Dataset.shard_path` for
+streaming readers), which checks its size and checksum against the manifest the first time this
+process opens it: a changed, truncated or bit-flipped shard fails with one line naming the
+dataset, the shard and the stage to rerun, never decodes into altered rows.
+
+Every file is written under a temporary name in the same folder and renamed into place, so a
+reader never sees half a file. A shard counts as finished only when its marker exists; a run
+killed at any moment and started again keeps the finished shards and rewrites the rest. A run
+whose fingerprint (stage, params, inputs, code) differs from the folder's starts from scratch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xxhash
+from pairforge.pipeline.plumbing import locks
+from pairforge.pipeline.plumbing.errors import (
+    CorruptShardError,
+    DataIntegrityError,
+    IncompleteDatasetError,
+)
+from pairforge.pipeline.plumbing.schemas import SchemaError, SchemaSpec, check_arrow_schema
+from pairforge.pipeline.plumbing.version import code_version
+
+if TYPE_CHECKING:
+    from pairforge.pipeline.plumbing.stagedefs import StageDef
+
+FORMAT = "pairforge-dataset"
+# 2: shards under data/, an xxh3_128 checksum beside the sha256, no run-specific facts.
+FORMAT_VERSION = 2
+MANIFEST = "_manifest.json"
+PROGRESS = "_progress"
+RUN_FILE = "run.json"
+DATA_DIR = "data"
+# The checksum verified on every read: xxh3_128 hashes ~10 GB/s on one core, sha256 ~1.5 and
+# blake2b ~0.8 (docs/verify figures); sha256 stays in the manifest for people who check by hand.
+FAST_CHECKSUM = "xxh3_128"
+
+
+_PROCESS_START = time.monotonic()
+
+# Shards whose Arrow data is at most this size are encoded in memory before they are written.
+IN_MEMORY_SHARD_BYTES = 256 << 20
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def shard_file(index: int) -> str:
+    """Where shard ``index`` lives, relative to the dataset folder (as the manifest records)."""
+    return f"{DATA_DIR}/{shard_name(index)}"
+
+
+def run_info_path(folder: str | Path) -> Path:
+    """The sidecar with the run-specific facts of a dataset: ``<parent>/.<name>.run.json``."""
+    folder = Path(folder)
+    return folder.parent / f".{folder.name}.run.json"
+
+
+def file_checksums(path: Path, block: int = 1 << 20) -> tuple[str, str, int]:
+    """sha256, xxh3_128 and size of a file, in one pass."""
+    sha, fast, size = hashlib.sha256(), xxhash.xxh3_128(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            sha.update(chunk)
+            fast.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), fast.hexdigest(), size
+
+
+def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    ``durable`` fsyncs before the rename (survives power loss); without it the write still
+    survives a killed process, which is all that scratch data needs.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with _named_on_failure(path, tmp), open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        if durable:
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _named_on_failure(path: Path, tmp: Path) -> Iterator[None]:
+    """Remove the temporary ``tmp`` of a write that failed, and give an error without a file
+    name (a full disk on write or close) the name of the file being written, ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
+        if exc.errno is None and "No space left on device" in str(exc):  # Arrow's IOError
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+        raise
+
+
+def remove_dead_temporaries(path: Path) -> int:
+    """Remove ``path``'s temporaries (:func:`atomic_write_bytes`) left by writers that no longer
+    run (a kill between the open and the rename leaves one); a live writer's, this process's
+    included, are kept. Returns how many were removed. For a stage's single files (its metrics):
+    a dataset's folder clears its own on resume, and listing a folder on every write would cost
+    its shard and progress writes a scan each."""
+    removed = 0
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
+        pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive (or reused by another process: kept, never a live write removed)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        stale.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:
+    atomic_write_bytes(
+        path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), durable=durable
+    )
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the OS allows (Linux /proc)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    # Elsewhere the only API sets it; setting it back at once is racy only against other threads
+    # creating files in that instant.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: str | Path) -> None:
+    """Give ``path``, or a folder and everything under it, the modes that ``open`` and ``mkdir``
+    give new files under the user's umask: 0o666 (0o777 for folders and executables) less it.
+
+    Libraries that write through ``mkstemp`` leave 0o600 (safetensors' ``model.safetensors``),
+    which the rest of a group sharing a model folder cannot read; call this on what such a
+    library wrote before publishing it (before the rename into place).
+    """
+    mask = current_umask()
+    root = Path(path)
+    todo = [root]
+    if root.is_dir():
+        todo += list(root.rglob("*"))
+    for p in todo:
+        if p.is_symlink():
+            continue
+        st = p.stat()
+        full = 0o777 if p.is_dir() or st.st_mode & 0o111 else 0o666
+        want = full & ~mask
+        if st.st_mode & 0o777 != want:
+            os.chmod(p, want)
+
+
+def canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the manifest records of one shard; ``counts`` carries the stage's per-shard tallies."""
+
+    file: str
+    rows: int
+    sha256: str
+    bytes: int
+    counts: dict[str, int] = field(default_factory=dict)
+    xxh3_128: str = ""
+
+
+def write_shard(
+    folder: Path,
+    index: int,
+    table: pa.Table,
+    spec: SchemaSpec,
+    dataset: str,
+    counts: dict[str, int] | None = None,
+    row_group_size: int = 64_000,
+    compression: str = "zstd",
+    durable: bool = True,
+) -> ShardInfo:
+    """Write shard ``index`` of a dataset atomically and mark it finished.
+
+    Safe to call from a Dask worker: it touches only its own shard and marker. ``durable``
+    fsyncs before the rename (survives power loss); without it the write still survives a
+    killed process, which is all that scratch data needs.
+    """
+    table = spec.conform(table, dataset)
+    (folder / DATA_DIR).mkdir(parents=True, exist_ok=True)
+    (folder / PROGRESS).mkdir(exist_ok=True)
+    final = folder / shard_file(index)
+    if table.nbytes <= IN_MEMORY_SHARD_BYTES:
+        # Encode in memory: the checksums are taken from the bytes, not from a re-read.
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
+        data = sink.getvalue()
+        atomic_write_bytes(final, data, durable=durable)
+        sha256, size = hashlib.sha256(data).hexdigest(), data.size
+        fast = xxhash.xxh3_128(memoryview(data)).hexdigest()
+    else:
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        with _named_on_failure(final, tmp):
+            pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
+            if durable:
+                with open(tmp, "rb+") as fh:
+                    os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        sha256, fast, size = file_checksums(final)
+    info = ShardInfo(
+        file=shard_file(index),
+        rows=table.num_rows,
+        sha256=sha256,
+        bytes=size,
+        counts=dict(counts or {}),
+        xxh3_128=fast,
+    )
+    atomic_write_json(folder / PROGRESS / f"{final.stem}.json", asdict(info), durable=durable)
+    return info
+
+
+class DatasetWriter:
+    """Coordinates the shards of one output dataset across a (possibly resumed) run.
+
+    ``fingerprint`` identifies what the dataset is computed from; finished shards are kept only
+    when it matches the one recorded by the interrupted run. The writer holds the dataset's lock
+    (``pipeline/plumbing/locks.py``) from construction to :meth:`finalize` (or :meth:`close`, or the end
+    of the process): a second writer of the same folder is refused with one line naming it.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        spec: SchemaSpec,
+        *,
+        stage: StageDef | str,
+        params: dict[str, Any],
+        fingerprint: str,
+        rows_per_shard: int | None = None,
+        name: str | None = None,
+        scratch: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.spec = spec
+        # A declared stage's datasets name its code; a bare name (a test's) hashes pipeline/.
+        self.declaration = stage
+        self.stage = stage if isinstance(stage, str) else stage.name
+        self.params = params
+        self.fingerprint = fingerprint
+        self.rows_per_shard = rows_per_shard
+        self.name = name or str(path)
+        # Scratch datasets (a stage's intermediate work) are written fast: no compression, no fsync.
+        self.write_options = {"compression": "none", "durable": False} if scratch else {}
+        self.scratch = scratch
+        self.progress_dir = self.path / PROGRESS
+        self._locked = False
+        locks.acquire(self.path, f"dataset {self.name!r}")
+        self._locked = True
+        try:
+            self.complete = self._prepare()
+        except BaseException:
+            self.close()
+            raise
+        if self.complete:
+            self.close()
+
+    def close(self) -> None:
+        """Release the writer lock (idempotent); :meth:`finalize` calls it."""
+        if self._locked:
+            self._locked = False
+            locks.release(self.path)
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _prepare(self) -> bool:
+        self._remove_temporaries()
+        manifest = self.path / MANIFEST
+        if manifest.exists():
+            found = json.loads(manifest.read_text())
+            if found.get("fingerprint") == self.fingerprint:
+                shutil.rmtree(self.progress_dir, ignore_errors=True)
+                return True
+            self._clear()
+        run_file = self.progress_dir / RUN_FILE
+        if run_file.exists():
+            run = json.loads(run_file.read_text())
+            if run.get("fingerprint") == self.fingerprint:
+                self.created_at = run["created_at"]
+                return False
+        self._clear()
+        self.progress_dir.mkdir(parents=True, exist_ok=True)
+        self.created_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        atomic_write_json(
+            run_file, {"fingerprint": self.fingerprint, "created_at": self.created_at}
+        )
+        return False
+
+    def _remove_temporaries(self) -> None:
+        """Half-written files of a killed run (their final names were never taken)."""
+        for folder in (self.path, self.path / DATA_DIR, self.progress_dir):
+            if folder.is_dir():
+                for tmp in folder.glob(".*.tmp-*"):
+                    tmp.unlink(missing_ok=True)
+
+    def _clear(self) -> None:
+        """Remove what an earlier, different run left (only files this format owns)."""
+        if not self.path.exists():
+            return
+        for child in self.path.iterdir():
+            # part-* at the top level: the shards of a format-1 dataset.
+            owned = child.name in {MANIFEST, PROGRESS, DATA_DIR, "README.md", "_work"} or (
+                child.name.startswith(("part-", ".part-", f".{MANIFEST}"))
+            )
+            if not owned:
+                continue
+            if child.is_dir():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+
+    def is_done(self, index: int) -> bool:
+        if self.complete:
+            return True
+        marker = self.progress_dir / f"part-{index:05d}.json"
+        return marker.exists() and (self.path / shard_file(index)).exists()
+
+    def done_info(self, index: int) -> ShardInfo:
+        if self.complete:
+            return ShardInfo(**read_manifest(self.path)["shards"][index])
+        marker = self.progress_dir / f"part-{index:05d}.json"
+        return ShardInfo(**json.loads(marker.read_text()))
+
+    def write(self, index: int, table: pa.Table, counts: dict[str, int] | None = None) -> ShardInfo:
+        return write_shard(
+            self.path, index, table, self.spec, self.name, counts, **self.write_options
+        )
+
+    def finished_shards(self) -> list[ShardInfo]:
+        if self.complete:
+            return [ShardInfo(**s) for s in read_manifest(self.path)["shards"]]
+        infos = []
+        index = 0
+        while self.is_done(index):
+            infos.append(self.done_info(index))
+            index += 1
+        return infos
+
+    def _run_facts(self) -> dict[str, Any]:
+        """What the sidecar records of the run: run-specific, so never in the manifest."""
+        return {
+            "dataset": self.name,
+            "stage": self.stage,
+            "fingerprint": self.fingerprint,
+            "code_version": code_version(self.declaration),
+            "created_at": self.created_at,
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            # The cost of verifying this process's reads so far, against its run time.
+            "process_seconds": round(time.monotonic() - _PROCESS_START, 3),
+            "verified_reads": {
+                k: round(v, 4) if isinstance(v, float) else v
+                for k, v in verification_stats().items()
+            },
+        }
+
+    def finalize(self, num_shards: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Check that shards 0..num_shards-1 are finished, then write the manifest (last)."""
+        if self.complete:
+            return read_manifest(self.path)
+        shards = []
+        for index in range(num_shards):
+            if not self.is_done(index):
+                raise DataIntegrityError(
+                    f"dataset {self.name!r}: shard {index} is not finished; cannot finalize"
+                )
+            shards.append(asdict(self.done_info(index)))
+        stray = sorted((self.path / DATA_DIR).glob("part-*.parquet"))[num_shards:]
+        for file in stray:
+            file.unlink()
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "schema": {
+                "name": self.spec.name,
+                "version": self.spec.version,
+                "fields": [{"name": f.name, "type": str(f.type)} for f in self.spec.schema],
+                "doc": self.spec.doc,
+            },
+            "stage": self.stage,
+            "params": portable(self.params, self.path),
+            "fingerprint": self.fingerprint,
+            # Without the git commit: a commit that leaves this stage's code alone must not
+            # change the dataset's bytes (the commit is in the run sidecar).
+            "code_version": code_version(self.declaration, git=False),
+            "rows": sum(s["rows"] for s in shards),
+            "rows_per_shard": self.rows_per_shard,
+            "num_shards": len(shards),
+            "shards": shards,
+            # An encoder's model spec is loaded again from the manifest (train, the encoder
+            # check): it stays as the stage resolved it.
+            **{
+                k: v if k == "encoder" else portable(v, self.path) for k, v in (extra or {}).items()
+            },
+        }
+        # The sidecar first: a run killed between the two leaves an unfinished dataset, never
+        # a finished one without its run facts. Scratch datasets are removed by their stage.
+        if not self.scratch:
+            atomic_write_json(run_info_path(self.path), self._run_facts())
+        atomic_write_json(self.path / MANIFEST, manifest)
+        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        self.complete = True
+        self.close()
+        return manifest
+
+
+def portable(value: Any, dataset: Path) -> Any:
+    """``value`` (a manifest's params or facts) with every absolute path made relative to the
+    ``dataset`` folder, in mappings and lists alike: where the writer's machine keeps its files
+    is not a fact of the dataset, so the same inputs give the same manifest wherever they are
+    written. Relative paths (the project's), hub ids, ``package:`` and ``$VAR`` specs stay."""
+    if isinstance(value, dict):
+        return {k: portable(v, dataset) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v, dataset) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.relpath(value, os.path.abspath(dataset))
+    return value
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        if (path / PROGRESS).exists():
+            why = "its stage was interrupted; run the stage again to finish it"
+        elif path.exists():
+            why = "it has no _manifest.json"
+        else:
+            why = "the folder does not exist"
+        error = IncompleteDatasetError(f"dataset {str(path)!r} is not complete: {why}")
+        error.path = str(path)  # the CLI names the stage that writes it (stages/options.py)
+        raise error
+    try:
+        data = json.loads(manifest.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataIntegrityError(
+            f"dataset {str(path)!r}: unreadable _manifest.json: {exc}"
+        ) from None
+    shards = data.get("shards", []) if isinstance(data, dict) else []
+    beside = data.get("format_version") == 1  # format 1 kept its shards beside the manifest
+    for shard in shards:
+        problem = shard_path_problem(shard.get("file") if isinstance(shard, dict) else None, beside)
+        if problem:
+            raise DataIntegrityError(
+                f"dataset {str(path)!r}: refused: its manifest names shard "
+                f"{shard.get('file') if isinstance(shard, dict) else shard!r}, {problem} (a "
+                "dataset's manifest may name only files in its own data/ folder)"
+            )
+    return data
+
+
+_SHARD_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
+_SHARD_FILE_BESIDE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
+
+
+def shard_path_problem(file: Any, beside: bool = False) -> str | None:
+    """Why a manifest's shard path is refused, or None: it must be ``data/<name>.parquet``, a
+    plain name in the dataset's own data folder (not absolute, no ``..``, no other folder), so
+    that a dataset received from elsewhere cannot make a stage read outside it. ``beside``: a
+    format-1 manifest, whose shards sit beside it (``<name>.parquet``)."""
+    if not isinstance(file, str):
+        return "which is not a path"
+    if file.startswith("/") or re.match(r"^[A-Za-z]:", file):
+        return "an absolute path"
+    if "\\" in file:
+        return "a path with a backslash"
+    if ".." in file.split("/"):
+        return "a path that leaves the dataset"
+    if not (_SHARD_FILE.match(file) or beside and _SHARD_FILE_BESIDE.match(file)):
+        return "not a Parquet file directly in its data/ folder"
+    return None
+
+
+# Shards this process has checked against their manifest, by file identity: a shard is hashed
+# the first time it is opened in a run and trusted until its file changes (new inode, size or
+# mtime). Dask workers keep their own.
+_verified: set[tuple] = set()
+_verified_guard = threading.Lock()
+# A file modified this recently may change again within the filesystem's timestamp granularity
+# without its mtime moving (git's "racy clean" problem): it is hashed on every read instead.
+RACY_SECONDS = 2.0
+
+
+def _identity(file: Path, expected: str) -> tuple:
+    st = file.stat()
+    return (str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, expected)
+
+
+# What verification cost this process: shards and bytes hashed, seconds spent hashing.
+_stats = {"shards": 0, "bytes": 0, "seconds": 0.0}
+
+
+def verification_stats() -> dict[str, float]:
+    """Shards and bytes this process hashed to verify reads, and the seconds it took."""
+    with _verified_guard:
+        return dict(_stats)
+
+
+def _count(size: int, seconds: float) -> None:
+    with _verified_guard:
+        _stats["shards"] += 1
+        _stats["bytes"] += size
+        _stats["seconds"] += seconds
+
+
+def _remember(identity: tuple) -> None:
+    if time.time() - identity[4] / 1e9 > RACY_SECONDS:
+        with _verified_guard:
+            _verified.add(identity)
+
+
+def _expected_checksum(shard: dict[str, Any]) -> tuple[str, str]:
+    """The checksum a read verifies: xxh3_128 when the manifest has it (format 2), else sha256."""
+    if shard.get(FAST_CHECKSUM):
+        return FAST_CHECKSUM, shard[FAST_CHECKSUM]
+    return "sha256", shard["sha256"]
+
+
+def _hasher(algorithm: str) -> Any:
+    return xxhash.xxh3_128() if algorithm == FAST_CHECKSUM else hashlib.sha256()
+
+
+def _remedy(stage: str | None) -> str:
+    writer = f" (`pairforge {stage}`)" if stage else ""
+    return f"rerun the stage that writes it{writer} or fetch the dataset again"
+
+
+def _shard_file(folder: Path, shard: dict[str, Any], label: str, stage: str | None) -> Path:
+    file = folder / shard["file"]
+    if not file.is_file():
+        raise CorruptShardError(f"{label}: shard {shard['file']} is missing; {_remedy(stage)}")
+    return file
+
+
+def _check_size(file: Path, shard: dict, size: int, label: str, stage: str | None) -> None:
+    if size != shard["bytes"]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} is corrupt (size {size} != {shard['bytes']} in the "
+            f"manifest); {_remedy(stage)}"
+        )
+
+
+def _check_digest(shard: dict, algorithm: str, digest: str, label: str, stage: str | None) -> None:
+    if digest != _expected_checksum(shard)[1]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} is corrupt ({algorithm} mismatch; size "
+            f"{shard['bytes']} as in the manifest); {_remedy(stage)}"
+        )
+
+
+def verified_shard_path(
+    folder: str | Path, shard: dict[str, Any], label: str, stage: str | None = None
+) -> Path:
+    """The path of a manifest ``shard`` of the dataset at ``folder``, after checking its size and
+    checksum (streamed, once per process). For readers that stream a shard row group by row
+    group; everything else reads through :func:`read_verified_shard`."""
+    folder = Path(folder)
+    file = _shard_file(folder, shard, label, stage)
+    algorithm, expected = _expected_checksum(shard)
+    identity = _identity(file, expected)
+    if identity in _verified:
+        return file
+    _check_size(file, shard, identity[3], label, stage)
+    start = time.perf_counter()
+    digest = _hasher(algorithm)
+    with open(file, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    _count(identity[3], time.perf_counter() - start)
+    _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
+    _remember(identity)
+    return file
+
+
+def read_verified_shard(
+    folder: str | Path,
+    shard: dict[str, Any],
+    label: str,
+    stage: str | None = None,
+    spec: SchemaSpec | None = None,
+    columns: list[str] | None = None,
+) -> pa.Table:
+    """Read one manifest ``shard`` of the dataset at ``folder``: the file's bytes are hashed as
+    they are read into memory and decoded from that buffer (one pass over the file); a size or
+    checksum that differs from the manifest, a file that does not decode, or a row count that
+    differs is one :class:`CorruptShardError` line naming the dataset, the shard and the fix."""
+    folder = Path(folder)
+    file = _shard_file(folder, shard, label, stage)
+    algorithm, expected = _expected_checksum(shard)
+    identity = _identity(file, expected)
+    source: Any = file
+    if identity not in _verified:
+        _check_size(file, shard, identity[3], label, stage)
+        data = file.read_bytes()
+        _check_size(file, shard, len(data), label, stage)
+        start = time.perf_counter()
+        digest = _hasher(algorithm)
+        digest.update(data)
+        _count(len(data), time.perf_counter() - start)
+        _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
+        source = pa.BufferReader(pa.py_buffer(data))
+    try:
+        pf = pq.ParquetFile(source)
+        if spec is not None:
+            check_arrow_schema(pf.schema_arrow, spec, f"{folder}/{shard['file']}")
+        table = pf.read(columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} does not decode ({first}); {_remedy(stage)}"
+        ) from None
+    if table.num_rows != shard["rows"]:
+        raise CorruptShardError(
+            f"{label}: shard {shard['file']} has {table.num_rows} rows, {shard['rows']} in the "
+            f"manifest; {_remedy(stage)}"
+        )
+    _remember(identity)
+    return table
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """One shard of a complete dataset, picklable for Dask workers; :meth:`read` verifies it."""
+
+    folder: str
+    shard: dict[str, Any]
+    label: str
+    stage: str | None
+    spec: SchemaSpec | None = None
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        return read_verified_shard(
+            self.folder, self.shard, self.label, self.stage, self.spec, columns
+        )
+
+
+class Dataset:
+    """A complete dataset opened for reading; every shard is checked against the manifest (size
+    and checksum, once per process) and the schema when it is read."""
+
+    def __init__(self, path: Path, manifest: dict[str, Any], spec: SchemaSpec) -> None:
+        self.path = path
+        self.manifest = manifest
+        self.spec = spec
+
+    @property
+    def label(self) -> str:
+        return str(self.path)
+
+    @property
+    def stage(self) -> str | None:
+        return self.manifest.get("stage")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.manifest["rows"])
+
+    @property
+    def files(self) -> list[Path]:
+        """The shard files (unverified paths: read them through :meth:`read_shard`)."""
+        return [self.path / s["file"] for s in self.manifest["shards"]]
+
+    def sources(self) -> list[ShardSource]:
+        """The shards as picklable sources for the runner (each verifies itself when read)."""
+        return [
+            ShardSource(str(self.path), shard, self.label, self.stage, self.spec)
+            for shard in self.manifest["shards"]
+        ]
+
+    def __len__(self) -> int:
+        return len(self.manifest["shards"])
+
+    def shard_path(self, index: int) -> Path:
+        """Shard ``index``'s file after a size and checksum check (for streaming readers)."""
+        return verified_shard_path(
+            self.path, self.manifest["shards"][index], self.label, self.stage
+        )
+
+    def read_shard(self, index: int, columns: list[str] | None = None) -> pa.Table:
+        return read_verified_shard(
+            self.path, self.manifest["shards"][index], self.label, self.stage, self.spec, columns
+        )
+
+    def iter_shards(self, columns: list[str] | None = None) -> Iterator[pa.Table]:
+        for index in range(len(self)):
+            yield self.read_shard(index, columns)
+
+    def read_table(self, columns: list[str] | None = None) -> pa.Table:
+        tables = list(self.iter_shards(columns))
+        if not tables:
+            schema = self.spec.schema
+            if columns is not None:
+                schema = pa.schema([schema.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
+    def verify(self) -> None:
+        """Check every shard's size and checksum against the manifest (first problem raises)."""
+        for index in range(len(self)):
+            self.shard_path(index)
+
+
+def open_dataset(path: str | Path, spec: SchemaSpec, verify: bool = False) -> Dataset:
+    """Open a complete dataset, checking its schema name and version against ``spec``."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    found = manifest.get("schema", {})
+    if found.get("name") != spec.name or found.get("version") != spec.version:
+        fields = ", ".join(f"{f['name']}: {f['type']}" for f in found.get("fields", []))
+        raise SchemaError(
+            f"dataset {str(path)!r}: expected schema {spec.describe()}, found "
+            f"{found.get('name')} v{found.get('version')} ({fields})"
+        )
+    dataset = Dataset(path, manifest, spec)
+    if verify:
+        dataset.verify()
+    return dataset
