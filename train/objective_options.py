@@ -1,30 +1,78 @@
-"""The options each objective accepts (``train.recipes.<objective>.options``), typed, without torch.
+"""The options each objective accepts (``train.recipes.<objective>.options``), read from its
+constructor without importing torch.
 
-Declared apart from the objectives' package (``train/objectives/``, which imports torch) so that
-params are checked before anything heavy loads: ``pairforge profile check`` and the start of ``pairforge train``
-reject an unknown objective, a misspelt option or a wrong type in one line, before any model.
-
-One class per objective, ``<Objective>Options``, registered in :data:`OPTIONS` under the
-objective's name. Its fields are the constructor arguments that a recipe may set, with the
-constructor's types and defaults; what the trainer provides (``hidden_size``, ``tokenizer``,
-``encoder``, ``start_pooling``, the MLM head, ...) is not an option. A new option is a new field
-here beside the constructor argument; a new objective is a new class and an entry in
-:data:`OPTIONS`. ``tests/train/test_objective_options.py`` checks every class against its objective's
-constructor, so the two cannot drift apart.
+An objective's options are the arguments of its constructor (``train/objectives/<module>.py``)
+that the trainer does not provide itself (:data:`PROVIDED`: the encoder, the tokenizer, sizes and
+token ids, the start model's pooling, the MLM head): their names, types, bounds and defaults are
+declared once, there, with the types below (``temperature: Positive = 0.05``). This module reads
+those signatures from the source (ast), so that ``pairforge profile check`` and the start of
+``pairforge train`` reject an unknown objective, a misspelt option or a wrong type in one line
+before torch or any model loads. ``tests/train/test_objective_options.py`` checks what it reads
+against the imported constructors.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
 from collections.abc import Mapping
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+# --- the types of the options, for the objectives' constructors ---------------------------------
 
 # Poolings an objective can train without a prompt; None: the start model's own, else the paper's.
 TrainablePooling = Literal["cls", "cls_before_pooler", "mean"]
 NegativeSpace = Literal["normalised", "raw"]
+# CoT-BERT's prompt templates: a model family's pair, or the templates themselves.
+Templates = Literal["auto", "bert", "roberta"] | list[str]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Dropout = Annotated[float, Field(ge=0, lt=1)]
+Share = Annotated[float, Field(gt=0, le=1)]
+Decay = Annotated[float, Field(ge=0, le=1)]
+Count = Annotated[int, Field(ge=1)]
+
+# Constructor arguments the trainer fills (``objectives.base.BuildContext``): never options.
+PROVIDED = frozenset(
+    {
+        "encoder",
+        "tokenizer",
+        "config",
+        "hidden_size",
+        "vocab_size",
+        "mask_token_id",
+        "pad_token_id",
+        "start_pooling",
+        "output_head",
+        "mlm_head",
+    }
+)
+
+OBJECTIVES_DIR = Path(__file__).resolve().with_name("objectives")
+# What a constructor's annotations and defaults may name.
+_NAMES: dict[str, Any] = {
+    "TrainablePooling": TrainablePooling,
+    "NegativeSpace": NegativeSpace,
+    "Templates": Templates,
+    "Positive": Positive,
+    "NonNegative": NonNegative,
+    "Dropout": Dropout,
+    "Share": Share,
+    "Decay": Decay,
+    "Count": Count,
+    "DEFAULT_PROMPT": DEFAULT_PROMPT,
+    "float": float,
+    "int": int,
+    "bool": bool,
+    "str": str,
+    "list": list,
+    "None": None,
+}
 
 
 class ObjectiveOptions(BaseModel):
@@ -34,97 +82,84 @@ class ObjectiveOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class SimCSEOptions(ObjectiveOptions):
-    temperature: float = Field(0.05, gt=0)
-    pooling: TrainablePooling | None = None
+@functools.cache
+def _classes() -> dict[str, ast.ClassDef]:
+    """Every class of ``train/objectives/``, by name."""
+    found: dict[str, ast.ClassDef] = {}
+    for path in sorted(OBJECTIVES_DIR.glob("*.py")):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                found[node.name] = node
+    return found
 
 
-class SimCSEHardNegativesOptions(SimCSEOptions):
-    """SimCSE's options: the objective is SimCSE with more negatives in the loss."""
+def _objective_name(node: ast.ClassDef) -> str | None:
+    """The value of the class's ``name = "..."`` (its objective name), or None."""
+    for item in node.body:
+        if (
+            isinstance(item, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "name" for t in item.targets)
+            and isinstance(item.value, ast.Constant)
+        ):
+            return item.value.value
+    return None
 
 
-class SimCSETranslationOptions(SimCSEOptions):
-    """SimCSE's options: the objective is SimCSE with a translation as the positive."""
+def _constructor(node: ast.ClassDef) -> ast.FunctionDef:
+    """The class's ``__init__``, or the nearest base class's that has one."""
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            return item
+    for base in node.bases:
+        if isinstance(base, ast.Name) and base.id in _classes():
+            return _constructor(_classes()[base.id])
+    raise ConfigError(f"objective class {node.name} has no constructor")
 
 
-class DebCSEOptions(ObjectiveOptions):
-    temperature: float = Field(0.05, gt=0)
-    positive_in_denominator: bool = True
-    negative_space: NegativeSpace = "normalised"
-    pooling: TrainablePooling | None = None
+def _value(node: ast.expr) -> Any:
+    """A default as written: a literal or one of :data:`_NAMES`."""
+    if isinstance(node, ast.Name):
+        return _NAMES[node.id]
+    return ast.literal_eval(node)
 
 
-class DenoSentOptions(ObjectiveOptions):
-    num_decoder_layers: int = Field(16, ge=1)
-    num_decoder_heads: int = Field(1, ge=1)
-    decoder_feedforward: int = Field(2048, ge=1)
-    decoder_dropout: float = Field(0.1, ge=0, lt=1)
-    noise_dropout: float = Field(0.825, ge=0, lt=1)
-    temperature: float = Field(0.05, gt=0)
-    contrastive_weight: float = Field(5.0, ge=0)
-    denoising_weight: float = Field(7.0, ge=0)
-    template: str = DEFAULT_PROMPT
+def _options_model(node: ast.ClassDef) -> type[ObjectiveOptions]:
+    init = _constructor(node)
+    args = init.args.args[1:]  # less self
+    defaults = [None] * (len(args) - len(init.args.defaults)) + list(init.args.defaults)
+    pairs = [
+        *zip(args, defaults, strict=True),
+        *zip(init.args.kwonlyargs, init.args.kw_defaults, strict=True),
+    ]
+    fields: dict[str, Any] = {}
+    for arg, default in pairs:
+        if arg.arg in PROVIDED:
+            continue
+        if default is None or arg.annotation is None:
+            raise ConfigError(f"{node.name}.{arg.arg}: an option needs a type and a default")
+        annotation = eval(ast.unparse(arg.annotation), {"__builtins__": {}}, _NAMES)
+        fields[arg.arg] = (annotation, _value(default))
+    return create_model(f"{node.name}Options", __base__=ObjectiveOptions, **fields)
 
 
-class BSLOptions(ObjectiveOptions):
-    k: int = Field(8, ge=1)
-    num_mlps: int = Field(1, ge=1)
-    delta: float = Field(0.999, ge=0, le=1)
-    pooling: TrainablePooling | None = None
-
-
-class InfoCSEOptions(ObjectiveOptions):
-    aux_path: str | None = None
-    lower_layers: int | None = Field(None, ge=1)
-    head_layers: int = Field(2, ge=1)
-    temperature: float = Field(0.05, gt=0)
-    mlm_weight: float = Field(1e-5, ge=0)
-    mask_rate: float = Field(0.4, gt=0, le=1)
-    pooling: TrainablePooling | None = None
-
-
-class CoTBERTOptions(ObjectiveOptions):
-    templates: Literal["auto", "bert", "roberta"] | list[str] = "auto"
-    temperature: float = Field(0.05, gt=0)
-    denoise: bool = True
-    denoise_grad: bool = True
-    positive_negative: bool = True
-    mlp: bool = True
-
-
-class CombinedOptions(ObjectiveOptions):
-    temperature: float = Field(0.05, gt=0)
-    positive_in_denominator: bool = True
-    negative_space: NegativeSpace = "normalised"
-    pooling: TrainablePooling | None = None
-    denoising_weight: float = Field(1.0, ge=0)
-    num_decoder_layers: int = Field(16, ge=1)
-    num_decoder_heads: int = Field(1, ge=1)
-    decoder_feedforward: int = Field(2048, ge=1)
-    decoder_dropout: float = Field(0.1, ge=0, lt=1)
-    noise_dropout: float = Field(0.825, ge=0, lt=1)
-
-
-# objective name (``train.objective``, the key of ``train.recipes``) -> its options.
-OPTIONS: dict[str, type[ObjectiveOptions]] = {
-    "simcse": SimCSEOptions,
-    "simcse_hn": SimCSEHardNegativesOptions,
-    "simcse_bt": SimCSETranslationOptions,
-    "debcse": DebCSEOptions,
-    "denosent": DenoSentOptions,
-    "bsl": BSLOptions,
-    "infocse": InfoCSEOptions,
-    "cotbert": CoTBERTOptions,
-    "combined": CombinedOptions,
-}
+@functools.cache
+def objective_options() -> dict[str, type[ObjectiveOptions]]:
+    """Objective name (``train.objective``, the key of ``train.recipes``) -> its options model,
+    read from the constructors of ``train/objectives/``."""
+    return {
+        name: _options_model(node)
+        for node in _classes().values()
+        if (name := _objective_name(node)) is not None
+    }
 
 
 def check_options(objective: str, options: Mapping[str, Any], key: str) -> ObjectiveOptions:
-    """``options`` validated for ``objective`` (a name in :data:`OPTIONS`); a ConfigError naming
-    ``key`` otherwise: an unknown option with the accepted ones, or the first invalid value."""
+    """``options`` validated for ``objective`` (a key of :func:`objective_options`); a
+    ConfigError naming ``key`` otherwise: an unknown option with the accepted ones, or the first
+    invalid value."""
     from pairforge.pipeline.plumbing.config import validate_section
 
-    model = OPTIONS[objective]
+    model = objective_options()[objective]
     unknown = sorted(set(options) - set(model.model_fields))
     if unknown:
         raise ConfigError(

@@ -146,15 +146,16 @@ class TrainConfig(StageConfig):
     def _objectives(self) -> TrainConfig:
         # Checked here, before any model loads, against the torch-free option declarations.
         from pairforge.pipeline.plumbing.errors import ConfigError
-        from pairforge.train.objective_options import OPTIONS, check_options
+        from pairforge.train.objective_options import check_options, objective_options
 
-        known = ", ".join(OPTIONS)
-        if self.objective not in OPTIONS:
+        options = objective_options()
+        known = ", ".join(options)
+        if self.objective not in options:
             raise ConfigError(
                 f"train.objective: unknown {self.objective!r}; known objectives: {known}"
             )
         for name, recipe in self.recipes.items():
-            if name not in OPTIONS:
+            if name not in options:
                 raise ConfigError(f"train.recipes.{name}: no such objective; known: {known}")
             check_options(name, recipe.options, f"train.recipes.{name}.options")
         return self

@@ -1,4 +1,4 @@
-"""The torch-free option declarations (train/objective_options.py) agree with the objectives."""
+"""The options of each objective, read from its constructor without torch (train/objective_options.py)."""
 
 from __future__ import annotations
 
@@ -7,38 +7,46 @@ from types import SimpleNamespace
 
 import pytest
 from pairforge.pipeline.plumbing.errors import ConfigError
-from pairforge.train.objective_options import OPTIONS, check_options
+from pairforge.train.objective_options import PROVIDED, check_options, objective_options
 from pairforge.train.objectives import OBJECTIVES
 from pairforge.train.objectives.base import BuildContext
 
 
-def provided_by_the_trainer() -> set[str]:
-    """Constructor arguments the trainer fills itself (never options)."""
+def test_the_trainer_provides_exactly_what_is_never_an_option():
     encoder = SimpleNamespace(config=SimpleNamespace(hidden_size=8, vocab_size=10))
     tokenizer = SimpleNamespace(mask_token_id=1, pad_token_id=0)
-    return set(BuildContext(encoder, tokenizer, mlm_head=object()).arguments())
+    assert set(BuildContext(encoder, tokenizer, mlm_head=object()).arguments()) == PROVIDED
 
 
-def test_every_objective_declares_its_options_and_nothing_else():
-    assert set(OPTIONS) == set(OBJECTIVES)
+def test_every_objective_has_its_options_read_from_its_constructor():
+    assert set(objective_options()) == set(OBJECTIVES)
 
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_options_are_the_constructor_arguments_with_its_defaults(name):
+def test_the_options_read_from_the_source_are_the_constructors_arguments(name):
+    """What the source says (read without torch) is what the imported constructor takes: every
+    argument the trainer does not provide, with its default, in its order."""
     parameters = inspect.signature(OBJECTIVES[name].__init__).parameters
     arguments = {
-        key: p.default
-        for key, p in parameters.items()
-        if key != "self" and key not in provided_by_the_trainer()
+        key: p.default for key, p in parameters.items() if key != "self" and key not in PROVIDED
     }
-    declared = OPTIONS[name].model_fields
-    assert set(declared) == set(arguments), (
-        f"{name}: declare each constructor option in train/objective_options.py"
-    )
-    for key, field in declared.items():
-        default = arguments[key]
-        assert default is not inspect.Parameter.empty, f"{name}.{key} has no default"
-        assert field.default == default, f"{name}.{key}: {field.default!r} != {default!r}"
+    fields = objective_options()[name].model_fields
+    assert list(fields) == list(arguments), name
+    for key, field in fields.items():
+        assert field.default == arguments[key], f"{name}.{key}: {field.default!r}"
+
+
+def test_a_constructor_bound_is_an_option_bound():
+    """The types in the constructors carry their bounds: a temperature must be above 0, a
+    dropout below 1, a count at least 1."""
+    with pytest.raises(ConfigError, match=r"options.temperature"):
+        check_options("debcse", {"temperature": 0.0}, "options")
+    with pytest.raises(ConfigError, match=r"options.noise_dropout"):
+        check_options("denosent", {"noise_dropout": 1.0}, "options")
+    with pytest.raises(ConfigError, match=r"options.k"):
+        check_options("bsl", {"k": 0}, "options")
+    assert check_options("infocse", {"lower_layers": None}, "options").lower_layers is None
+    assert check_options("cotbert", {"templates": ["a [X] b [MASK]"]}, "options").templates
 
 
 def test_check_options_names_the_key_and_the_accepted_options():

@@ -20,6 +20,7 @@ import copy
 
 import torch
 import torch.nn.functional as F
+from pairforge.train.objective_options import Count, Decay, TrainablePooling
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import (
     Batch,
@@ -115,10 +116,10 @@ class BSL(Objective):
         self,
         encoder: nn.Module,
         hidden_size: int,
-        k: int = 8,
-        num_mlps: int = 1,
-        delta: float = 0.999,
-        pooling: str | None = None,
+        k: Count = 8,
+        num_mlps: Count = 1,
+        delta: Decay = 0.999,
+        pooling: TrainablePooling | None = None,
         start_pooling: str | None = None,
     ) -> None:
         super().__init__()

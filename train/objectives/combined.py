@@ -28,9 +28,17 @@ head when it has one, as in DenoSent.
 from __future__ import annotations
 
 import torch
+from pairforge.train.objective_options import (
+    Count,
+    Dropout,
+    NegativeSpace,
+    NonNegative,
+    Positive,
+    TrainablePooling,
+)
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Batch, Encoder, Objective, choose_pooling
-from pairforge.train.objectives.debcse import DebCSE, NegativeSpace
+from pairforge.train.objectives.debcse import DebCSE
 from pairforge.train.objectives.denosent import build_denoiser, reconstruction_loss
 from torch import nn
 
@@ -61,17 +69,17 @@ class Combined(Objective):
         pad_token_id: int,
         output_head: nn.Module | None = None,
         vocab_size: int | None = None,
-        temperature: float = 0.05,
+        temperature: Positive = 0.05,
         positive_in_denominator: bool = True,
         negative_space: NegativeSpace = "normalised",
-        pooling: str | None = None,
+        pooling: TrainablePooling | None = None,
         start_pooling: str | None = None,
-        denoising_weight: float = 1.0,
-        num_decoder_layers: int = 16,
-        num_decoder_heads: int = 1,
-        decoder_feedforward: int = 2048,
-        decoder_dropout: float = 0.1,
-        noise_dropout: float = 0.825,
+        denoising_weight: NonNegative = 1.0,
+        num_decoder_layers: Count = 16,
+        num_decoder_heads: Count = 1,
+        decoder_feedforward: Count = 2048,
+        decoder_dropout: Dropout = 0.1,
+        noise_dropout: Dropout = 0.825,
     ) -> None:
         super().__init__()
         if denoising_weight < 0:

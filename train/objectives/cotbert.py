@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from pairforge.train.objective_options import Positive, Templates
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Batch, Encoder, Features, Objective, run_encoder
 from pairforge.train.objectives.simcse import SimCSEPooler, cosine_matrix
@@ -283,8 +284,8 @@ class CoTBERT(Objective):
         hidden_size: int,
         tokenizer: Any,
         config: Any = None,
-        templates: str | Sequence[str] = "auto",
-        temperature: float = 0.05,
+        templates: Templates = "auto",
+        temperature: Positive = 0.05,
         denoise: bool = True,
         denoise_grad: bool = True,
         positive_negative: bool = True,

@@ -37,11 +37,12 @@ model's own, e.g. ``mean`` for a sentence-transformers MiniLM; else ``cls_before
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
+from pairforge.train.objective_options import NegativeSpace, Positive, TrainablePooling
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import (
     Batch,
@@ -51,8 +52,6 @@ from pairforge.train.objectives.base import (
     pool_features,
 )
 from torch import nn
-
-NegativeSpace = Literal["normalised", "raw"]
 
 
 def _debias_info_nce(
@@ -167,10 +166,10 @@ class DebCSE(Objective):
     def __init__(
         self,
         hidden_size: int,
-        temperature: float = 0.05,
+        temperature: Positive = 0.05,
         positive_in_denominator: bool = True,
         negative_space: NegativeSpace = "normalised",
-        pooling: str | None = None,
+        pooling: TrainablePooling | None = None,
         start_pooling: str | None = None,
     ) -> None:
         super().__init__()

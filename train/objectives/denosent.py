@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
+from pairforge.train.objective_options import Count, Dropout, NonNegative, Positive
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import Batch, Encoder, Objective, run_encoder
 from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for callers of this module
@@ -41,8 +42,6 @@ from pairforge.train.objectives.prompts import (  # noqa: F401 - re-exported for
 )
 from pairforge.train.objectives.simcse import simcse_loss
 from torch import nn
-
-PROMPT_TEMPLATE = DEFAULT_PROMPT  # the prompt-based pooling's template (PromptBERT's)
 
 
 def mask_positions(input_ids: torch.Tensor, mask_token_id: int) -> torch.Tensor:
@@ -226,15 +225,15 @@ class DenoSent(Objective):
         pad_token_id: int,
         output_head: nn.Module | None = None,
         vocab_size: int | None = None,
-        num_decoder_layers: int = 16,
-        num_decoder_heads: int = 1,
-        decoder_feedforward: int = 2048,
-        decoder_dropout: float = 0.1,
-        noise_dropout: float = 0.825,
-        temperature: float = 0.05,
-        contrastive_weight: float = 5.0,
-        denoising_weight: float = 7.0,
-        template: str = PROMPT_TEMPLATE,
+        num_decoder_layers: Count = 16,
+        num_decoder_heads: Count = 1,
+        decoder_feedforward: Count = 2048,
+        decoder_dropout: Dropout = 0.1,
+        noise_dropout: Dropout = 0.825,
+        temperature: Positive = 0.05,
+        contrastive_weight: NonNegative = 5.0,
+        denoising_weight: NonNegative = 7.0,
+        template: str = DEFAULT_PROMPT,
     ) -> None:
         super().__init__()
         if contrastive_weight == 0 and denoising_weight == 0:

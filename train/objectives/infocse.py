@@ -39,6 +39,7 @@ from pairforge.train.infocse_aux import (  # noqa: F401 - mask_tokens re-exporte
     load_auxiliary,
     mask_tokens,
 )
+from pairforge.train.objective_options import Count, NonNegative, Positive, Share, TrainablePooling
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import (
     Batch,
@@ -83,12 +84,12 @@ class InfoCSE(Objective):
         config: Any = None,
         mlm_head: nn.Module | None = None,
         aux_path: str | None = None,
-        lower_layers: int | None = None,
-        head_layers: int = 2,
-        temperature: float = 0.05,
-        mlm_weight: float = 1e-5,
-        mask_rate: float = 0.4,
-        pooling: str | None = None,
+        lower_layers: Count | None = None,
+        head_layers: Count = 2,
+        temperature: Positive = 0.05,
+        mlm_weight: NonNegative = 1e-5,
+        mask_rate: Share = 0.4,
+        pooling: TrainablePooling | None = None,
         start_pooling: str | None = None,
     ) -> None:
         super().__init__()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pairforge.train.distributed import gather_with_grad, row_offset
+from pairforge.train.objective_options import Positive, TrainablePooling
 from pairforge.train.objectives import columns
 from pairforge.train.objectives.base import (
     Batch,
@@ -77,8 +78,8 @@ class SimCSE(Objective):
     def __init__(
         self,
         hidden_size: int,
-        temperature: float = 0.05,
-        pooling: str | None = None,
+        temperature: Positive = 0.05,
+        pooling: TrainablePooling | None = None,
         start_pooling: str | None = None,
     ) -> None:
         super().__init__()
