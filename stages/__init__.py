@@ -1,9 +1,10 @@
 """One package per DVC stage; the stage word is the package, the CLI command and the params section.
 
-Each stage's ``stage.py`` declares it once (``STAGE``, a ``pipeline.plumbing.stagedefs.StageDef``): its
-config, inputs, outputs, params and headline metrics. Its command (``stages/cli.py``), its
-fingerprint and its dvc.yaml entry (``pairforge dvc-yaml``) follow from that declaration; this
-registry only says which stages there are, in pipeline order.
+Each stage's ``stage.py`` declares it once (``STAGE``, a
+``pipeline.plumbing.stagedefs.StageDef``): its config, inputs, outputs, params and headline
+metrics. Its command (``stages/cli.py``), its fingerprint and its dvc.yaml entry (``pairforge
+dvc-yaml``) follow from that declaration; this registry only says which stages there are, in
+pipeline order.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The one fingerprint of a stage's run: what its output is computed from.
 
 A dataset (or model) folder keeps its finished shards (or checkpoints) only while the
-fingerprint it was started with is unchanged (``pipeline/plumbing/shards.py``, ``DatasetWriter``); a
-finished one with the same fingerprint is not computed again. The fingerprint hashes the
-stage's code and exact params (its declaration, ``pipeline/plumbing/stagedefs.py``, which dvc.yaml follows too)
-and its inputs' identities, so a changed param, input or code clears the old work, and a
-changed free setting (threads, caches) resumes it.
+fingerprint it was started with is unchanged (``pipeline/plumbing/shards.py``,
+``DatasetWriter``); a finished one with the same fingerprint is not computed again. The
+fingerprint hashes the stage's code and exact params (its declaration,
+``pipeline/plumbing/stagedefs.py``, which dvc.yaml follows too) and its inputs' identities, so a
+changed param, input or code clears the old work, and a changed free setting (threads, caches)
+resumes it.
 """
 
 from __future__ import annotations

@@ -90,7 +90,8 @@ class StageDef:
         }
 
     def headline(self) -> str | None:
-        """The headline metrics file ``pipeline/plumbing/metrics.py`` writes beside the stage's metrics."""
+        """The headline metrics file that ``pipeline/plumbing/metrics.py`` writes beside the
+        stage's full metrics (None for a stage without metrics)."""
         return f"metrics/headline/{self.name}.json" if "metrics" in self.outputs else None
 
 
@@ -134,8 +135,9 @@ def _code(module: str, data_files: tuple[str, ...], root: Path) -> tuple[str, ..
 
 
 def code(stage: StageDef) -> tuple[str, ...]:
-    """The stage's code, relative to the project root, sorted: its module, the project modules it
-    imports (transitively, less the modules that change no output) and its data files. Read once per process."""
+    """The stage's code, relative to the project root, sorted: its module, the project modules
+    it imports (transitively, less the modules that change no output) and its data files. Read
+    once per process."""
     return _code(stage.module, stage.data_files, ROOT)
 
 
