@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,6 @@ import pytest
 import yaml
 from pairforge.pipeline.plumbing import stagedefs
 from pairforge.pipeline.plumbing.imports import changes_no_output, imports, module_file
-from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.stages import declarations
 
 from tests.conftest import ROOT
@@ -121,17 +119,6 @@ def test_dvc_repro_demo_then_nothing_then_only_what_changed(project):
 # ----------------------------------------------------------------------------- the declaration
 
 
-def input_keys(stage: StageDef) -> tuple[str, ...]:
-    """The keys of the stage's own section that its ``inputs`` templates name."""
-    keys = []
-    for template in stage.inputs:
-        for ref in re.findall(r"\$\{([A-Za-z_][\w.]*)\}", template):
-            section, _, key = ref.partition(".")
-            if section == stage.name and key not in keys:
-                keys.append(key)
-    return tuple(keys)
-
-
 def test_dvc_yaml_is_what_the_declarations_generate():
     """dvc.yaml is `pairforge dvc-yaml`'s output for the stages as declared: a stage's deps are
     its inputs and code, its params the exact keys its fingerprint hashes. Run the command after
@@ -162,11 +149,12 @@ def test_the_check_fails_on_a_stale_dvc_yaml(tmp_path):
 
 def test_every_config_key_is_declared_exactly_once_and_params_yaml_has_the_exact_keys():
     """Each key of a stage's config is an input, an output, an exact param or free, and only
-    one of them; every exact key resolves in the demo's params.yaml."""
+    one of them (the params are the rest: a declared input, output or free key that is no
+    config field fails here); every exact key resolves in the demo's params.yaml."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     for name, d in declarations().items():
         groups = {
-            "inputs": set(input_keys(d)),
+            "inputs": set(stagedefs.input_keys(d)),
             "outputs": set(d.outputs),
             "params": {key.split(".")[0] for key in d.params},
             "free": set(d.free),

@@ -1,8 +1,11 @@
 """One declaration per setting: each stage's pydantic config declares its keys, validation and
-defaults; the frozen views the lower layers read (the train loop's TrainSettings, sample's
-DrawParams, mine's IndexSettings, pretrain's PretrainSettings, backtranslate's NoiseSettings,
-rewrite's ChatSettings) declare no default and take every field from the config by name; a
-train recipe's keys are the TrainConfig fields marked RECIPE, with TrainConfig's validation."""
+defaults. Sample's draws and mine's index read the frozen config itself; the views that remain
+hold what the config does not (the train loop's TrainSettings: the objective's recipe resolved;
+pretrain's PretrainSettings: the steps resolved, and the fields its record holds;
+backtranslate's NoiseSettings: the words and the route's seed; rewrite's ChatSettings: what the
+client may send, never a key). They declare no default and take every other field from the
+config by name; a train recipe's keys are the TrainConfig fields marked RECIPE, with
+TrainConfig's validation."""
 
 from __future__ import annotations
 
@@ -13,22 +16,16 @@ from pairforge.pipeline.plumbing.config import validate_section
 from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.stages.backtranslate.noise import NoiseSettings
 from pairforge.stages.backtranslate.stage import NoiseConfig
-from pairforge.stages.mine.searcher import IndexSettings
-from pairforge.stages.mine.stage import MineConfig
 from pairforge.stages.pretrain.infocse import PretrainSettings
 from pairforge.stages.pretrain.stage import PretrainConfig
 from pairforge.stages.rewrite.llm import ChatSettings
 from pairforge.stages.rewrite.stage import RewriteConfig
-from pairforge.stages.sample.sampling import DrawParams
-from pairforge.stages.sample.stage import SampleConfig
 from pairforge.stages.train import stage as T
 from pairforge.train.loop import TrainSettings
 
 # view -> (its config, the fields the caller resolves instead of copying)
 VIEWS = {
     TrainSettings: (T.TrainConfig, {"options"}),
-    DrawParams: (SampleConfig, set()),
-    IndexSettings: (MineConfig, set()),
     PretrainSettings: (PretrainConfig, set()),
     NoiseSettings: (NoiseConfig, {"vocabulary", "seed"}),
     ChatSettings: (RewriteConfig, set()),
@@ -47,13 +44,6 @@ def test_views_declare_no_default_and_only_config_keys(view):
 
 
 def test_views_built_from_a_config_carry_its_values():
-    sample = SampleConfig(m=3, lambda_n=0.6, temperature=0.25, ipw="paper", seed=9)
-    assert DrawParams.of(sample) == DrawParams(
-        **{f.name: getattr(sample, f.name) for f in dataclasses.fields(DrawParams)}
-    )
-    assert (DrawParams.of(sample).m, DrawParams.of(sample).lambda_n) == (3, 0.6)
-    mine = MineConfig(index="hnsw", hnsw_m=16, ef_search=64)
-    assert (IndexSettings.of(mine).index, IndexSettings.of(mine).hnsw_m) == ("hnsw", 16)
     pretrain = PretrainSettings.of(PretrainConfig(steps=0, lower_layers=3), steps=17)
     assert (pretrain.steps, pretrain.lower_layers, pretrain.mask_rate) == (17, 3, 0.15)
     noise = NoiseSettings.of(NoiseConfig(copies=3, kinds=["mask"]), ["the", "of"], seed=4)

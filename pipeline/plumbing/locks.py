@@ -176,9 +176,10 @@ def held() -> list[str]:
 
 @contextlib.contextmanager
 def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path | None]:
-    """Hold the writer lock of ``output`` for the ``with`` block (for outputs that are not
-    written through a ``DatasetWriter``, such as models). Under ``torchrun`` only rank 0 takes
-    it: the ranks of one run are one writer."""
+    """Hold the writer lock of ``output`` for the ``with`` block (a stage's run holds every
+    folder it writes so, from its start: ``pipeline/plumbing/stagerun.py``; a ``DatasetWriter``
+    takes its own as well). Under ``torchrun`` only rank 0 takes it: the ranks of one run are
+    one writer."""
     if int(os.environ.get("RANK", "0") or 0) != 0:
         yield None
         return
@@ -187,17 +188,6 @@ def writer_lock(output: str | Path, label: str | None = None) -> Iterator[Path |
         yield path
     finally:
         release(output)
-
-
-@contextlib.contextmanager
-def writer_locks(*outputs: str | Path) -> Iterator[None]:
-    """Hold the writer locks of every output dataset of a stage for the ``with`` block: a stage
-    command takes them all before any work (loading a model, reading inputs), so a second run
-    is refused at once and never between two of the first run's outputs."""
-    with contextlib.ExitStack() as stack:
-        for output in outputs:
-            stack.enter_context(writer_lock(output, f"dataset {str(output)!r}"))
-        yield
 
 
 atexit.register(release_all)

@@ -8,8 +8,9 @@ of one) so that Dask workers can run it; the output folders must be visible to t
 (always true for a LocalCluster; a shared filesystem for a remote cluster).
 
 Every per-shard stage (ingest's read+clean, backtranslate, rewrite, embed, mine's queries,
-sample) runs through ``map_shards`` or ``map_tables`` with this one contract: Arrow in, a
-``ShardResult`` (tables and counts) out, resume by ``pending``. Ingest's dedup step is the one
+sample) runs through ``map_shards`` or ``map_tables`` (called by its ``StageRun``,
+``pipeline/plumbing/stagerun.py``) with this one contract: Arrow in, a ``ShardResult`` (tables
+and counts) out, resume by ``pending``. Ingest's dedup step is the one
 shard loop of its own: it regroups every chunk's kept rows into shards of ``rows_per_shard``
 after a global pass, so an output shard is not a function of one input shard.
 

@@ -18,16 +18,22 @@ and its entry in dvc.yaml, which ``pairforge dvc-yaml`` writes (never edited by 
   ``outs`` when given, else one entry per output key: ``metrics`` rewritten whole
   (``cache: false``), every other output resumed by pairforge (``persist: true``: a killed stage
   keeps its finished shards, and a changed fingerprint clears them).
-- ``params``: the exact keys of its section that change its output. dvc.yaml's ``params:`` lists
-  them (``mine.band_low``), and the stage's fingerprint hashes their values: a change to one of
-  them reruns the stage under DVC and clears its unfinished shards; nothing else does.
 - ``free``: the keys that change no output byte (threads, caches, batch sizes that only change
   float rounding): a run may resume with other values, and DVC does not rerun for them.
+- ``params`` (derived): every other key of its section, the exact keys that change its output.
+  dvc.yaml's ``params:`` lists them (``mine.band_low``), and the stage's fingerprint hashes
+  their values: a change to one of them reruns the stage under DVC and clears its unfinished
+  shards; nothing else does. A new config field is an exact param unless declared otherwise.
+  ``param_paths`` names a key whose exact param is a path into it (below).
+- ``datasets`` and ``models``: the output keys that name the dataset and model folders it
+  writes: a run (``pipeline/plumbing/stagerun.py``) holds their writer locks from its start to
+  its end.
 
 Every key of a section is in exactly one of ``inputs`` (as the template of its own key),
-``outputs``, ``params`` and ``free`` (tests/test_dvc.py checks that).
+``outputs``, ``free`` and, the rest, ``params`` (tests/test_dvc.py checks the first three are
+keys of the config and disjoint).
 
-The ``train`` stage's params hold ``recipes.${train.objective}``: the recipe of the objective that
+The ``train`` stage's params hold ``recipes.${train.objective}`` (its ``param_paths``): the recipe of the objective that
 params.yaml names, not the other objectives' (editing ``train.recipes.bsl`` does not retrain
 DebCSE). A user who switches objective in params.yaml gets that objective's recipe tracked;
 ``pairforge train -o <objective>`` on the command line trains outside DVC, whose lock then
@@ -70,8 +76,10 @@ class StageDef:
     config: type
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    params: tuple[str, ...]
     free: tuple[str, ...] = ()
+    param_paths: Mapping[str, str] = field(default_factory=dict)
+    datasets: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
     data_files: tuple[str, ...] = ()
     outs: Mapping[str, Options] | None = None
     plots: Mapping[str, Options] = field(default_factory=dict)
@@ -79,6 +87,14 @@ class StageDef:
     headlines: Headlines = field(default_factory=dict)
     # Top-level dvc.yaml plots drawn from this stage's outputs (several series to one figure).
     dvc_plots: Mapping[str, Options] = field(default_factory=dict)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The exact param keys, in the config's field order: every field that is not an input
+        (``input_keys``), an output or free, as ``param_paths`` spells it."""
+        other = {*input_keys(self), *self.outputs, *self.free}
+        fields = getattr(self.config, "model_fields", {})
+        return tuple(self.param_paths.get(key, key) for key in fields if key not in other)
 
     def dvc_outs(self) -> dict[str, Options]:
         """dvc.yaml's ``outs:`` of the stage (see the module docstring)."""
@@ -96,6 +112,17 @@ class StageDef:
 
 
 _TEMPLATE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def input_keys(stage: StageDef) -> tuple[str, ...]:
+    """The keys of the stage's own section that its ``inputs`` templates name."""
+    keys: list[str] = []
+    for template in stage.inputs:
+        for ref in _TEMPLATE.findall(template):
+            section, _, key = ref.partition(".")
+            if section == stage.name and key not in keys:
+                keys.append(key)
+    return tuple(keys)
 
 
 def resolve_key(stage: StageDef, key: str, section: Mapping[str, Any]) -> list[str]:

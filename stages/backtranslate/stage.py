@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -24,12 +23,9 @@ from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.cache import KeyValueCache, MemoryCache
 from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.plumbing.locks import writer_locks
-from pairforge.pipeline.plumbing.metrics import write_metrics
-from pairforge.pipeline.plumbing.runner import Executor, map_shards
-from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset
+from pairforge.pipeline.plumbing.runner import Executor
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.models.apertium import is_apertium_spec
 from pairforge.pipeline.science.models.files import (
     ModelRef,
@@ -212,22 +208,8 @@ STAGE = StageDef(
     # The routes name the translation models, which the standin stage writes in the demo.
     inputs=("${backtranslate.input}", "${standin.output}"),
     outputs=("output", "metrics", "plot"),
-    params=(
-        "engine",
-        "device",
-        "compute_type",
-        "cpu_isa",
-        "max_batch_tokens",
-        "max_batch_sentences",
-        "max_input_tokens",
-        "max_length",
-        "max_length_ratio",
-        "min_length",
-        "seed",
-        "routes",
-        "noise",
-    ),
     free=("cache", "models_dir", "threads"),
+    datasets=("output",),
     outs={
         "${backtranslate.metrics}": {"cache": False},
         "${backtranslate.output}": {"persist": True},
@@ -282,82 +264,69 @@ def _noise_vocabulary(cfg: BacktranslateConfig, sentences) -> list[str]:
     return frequent_words(texts, cfg.noise.top_words)
 
 
-def run(cfg: BacktranslateConfig, executor: Executor, progress: bool = True) -> dict:
+def run(cfg: BacktranslateConfig, executor: Executor | None = None, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
-    start = time.monotonic()
-    sentences = open_dataset(cfg.input, S.SENTENCES)
-    try:
-        settings = engine_settings(
-            cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir, cfg.cpu_isa
+    with StageRun(STAGE, cfg, executor, progress) as run:
+        sentences = run.input("input", S.SENTENCES)
+        try:
+            settings = engine_settings(
+                cfg.engine, cfg.device, cfg.compute_type, cfg.threads, cfg.models_dir, cfg.cpu_isa
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{STAGE.name}.{exc}") from None
+        refs = resolve_models(cfg)
+        conversions = {"performed": 0, "reused": 0}
+        if settings.engine == "ctranslate2":
+            for ref in refs.values():
+                _, converted = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
+                conversions["performed" if converted else "reused"] += 1
+        vocabulary = _noise_vocabulary(cfg, sentences)
+        writer = run.output(
+            "output",
+            S.CANDIDATES,
+            extra={
+                "models": {k: r.revision for k, r in refs.items()},
+                "engine": settings.identity(),
+                "noise_vocabulary": vocabulary,
+            },
         )
-    except ConfigError as exc:
-        raise ConfigError(f"{STAGE.name}.{exc}") from None
-    refs = resolve_models(cfg)
-    conversions = {"performed": 0, "reused": 0}
-    if settings.engine == "ctranslate2":
-        for ref in refs.values():
-            _, converted = convert_ctranslate2(ref, settings.compute_type, settings.models_dir)
-            conversions["performed" if converted else "reused"] += 1
-    vocabulary = _noise_vocabulary(cfg, sentences)
-    fingerprint = run_fingerprint(
-        STAGE,
-        cfg.model_dump(),
-        {"sentences": sentences},
-        {
-            "models": {k: r.revision for k, r in refs.items()},
-            "engine": settings.identity(),
-            "noise_vocabulary": vocabulary,
-        },
-    )
-    writer = DatasetWriter(
-        cfg.output,
-        S.CANDIDATES,
-        stage=STAGE,
-        params=cfg.model_dump(),
-        fingerprint=fingerprint,
-        name=cfg.output,
-    )
-    if not writer.complete:
-        fn = functools.partial(
-            backtranslate_shard,
-            routes=route_plans(cfg),
-            pool=TranslatorPool(refs, settings),
-            cache=KeyValueCache(cfg.cache, "translations") if cfg.cache else MemoryCache(),
-            lengths=cfg.lengths(),
-            batching=Batching(cfg.max_batch_tokens, cfg.max_batch_sentences),
-            noise=NoiseSettings.of(cfg.noise, vocabulary, cfg.seed),
-            seed=cfg.seed,
-            progress=progress,
+        if not writer.complete:
+            fn = functools.partial(
+                backtranslate_shard,
+                routes=route_plans(cfg),
+                pool=TranslatorPool(refs, settings),
+                cache=KeyValueCache(cfg.cache, "translations") if cfg.cache else MemoryCache(),
+                lengths=cfg.lengths(),
+                batching=Batching(cfg.max_batch_tokens, cfg.max_batch_sentences),
+                noise=NoiseSettings.of(cfg.noise, vocabulary, cfg.seed),
+                seed=cfg.seed,
+                progress=progress,
+            )
+            run.map(fn, sentences, {"candidates": writer})
+            counts = run.totals(writer)
+            writer.finalize(
+                len(sentences), extra=_manifest_extra(cfg, refs, settings, vocabulary, counts)
+            )
+        manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
+        routes = [r.name for r in cfg.routes]
+        metrics = run.finish(summarize(cfg.output, routes, manifest, conversions))
+        plot_edit_ratio(cfg.output, routes, cfg.plot)
+        t = metrics["translations"]
+        log.info(
+            "backtranslate: %d sentences -> %d candidates (%d identical) on %s/%s in %.1fs; "
+            "translations: %d performed, %d cache hits, %d saved by dedup%s",
+            metrics["sentences_in"],
+            metrics["candidates_out"],
+            metrics["identical"],
+            settings.engine,
+            settings.compute_type,
+            run.seconds,
+            t["performed"],
+            t["cache_hits"],
+            t["dedup_saved"],
+            "; STAND-IN models (not translations)" if metrics["standin"] else "",
         )
-        map_shards(fn, sentences, {"candidates": writer}, executor, STAGE.name, progress)
-        counts: dict[str, int] = {}
-        for info in writer.finished_shards():
-            for k, v in info.counts.items():
-                counts[k] = counts.get(k, 0) + v
-        writer.finalize(
-            len(sentences), extra=_manifest_extra(cfg, refs, settings, vocabulary, counts)
-        )
-    manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
-    metrics = summarize(cfg.output, [r.name for r in cfg.routes], manifest, conversions)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
-    plot_edit_ratio(cfg.output, [r.name for r in cfg.routes], cfg.plot)
-    t = metrics["translations"]
-    log.info(
-        "backtranslate: %d sentences -> %d candidates (%d identical) on %s/%s in %.1fs; "
-        "translations: %d performed, %d cache hits, %d saved by dedup%s",
-        metrics["sentences_in"],
-        metrics["candidates_out"],
-        metrics["identical"],
-        settings.engine,
-        settings.compute_type,
-        time.monotonic() - start,
-        t["performed"],
-        t["cache_hits"],
-        t["dedup_saved"],
-        "; STAND-IN models (not translations)" if metrics["standin"] else "",
-    )
-    return metrics
+        return metrics
 
 
 def _manifest_extra(cfg, refs: dict[str, ModelRef], settings, vocabulary, counts) -> dict:
@@ -404,5 +373,5 @@ def command(cfg: BacktranslateConfig, workers: int, scheduler: str | None, progr
     """
     if cfg.engine == "transformers" and cfg.compute_type.startswith("int8"):
         raise ConfigError("backtranslate.compute_type: int8 types need engine ctranslate2")
-    with writer_locks(cfg.output), executor(workers, scheduler) as ex:
+    with executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

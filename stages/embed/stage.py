@@ -29,22 +29,19 @@ import typer
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
 from pairforge.pipeline.plumbing.fingerprint import fingerprint
-from pairforge.pipeline.plumbing.locks import writer_locks
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.runner import (
     Executor,
     LocalExecutor,
     ShardResult,
-    map_shards,
     pending,
 )
 from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     Dataset,
-    DatasetWriter,
     open_dataset,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.mining_inputs import (
     ENCODER_KEY,
     VECTOR_ROW_GROUP,
@@ -128,17 +125,7 @@ STAGE = StageDef(
     config=EmbedConfig,
     inputs=("${embed.sentences}", "${embed.candidates}", "${embed.rewrites}"),
     outputs=("output", "candidates_output", "rewrites_output", "metrics"),
-    # compute_type matters only to the ctranslate2 engine (the stage says so to fingerprint).
-    params=(
-        "model",
-        "pooling",
-        "prompt",
-        "max_length",
-        "dtype",
-        "engine",
-        "compute_type",
-        "vector_dtype",
-    ),
+    datasets=("output", "candidates_output", "rewrites_output"),
     # Device, batch size (and tokens) and threads change the vectors by float rounding only.
     free=("batch_size", "max_batch_tokens", "models_dir", "device", "threads"),
     data_files=("pipeline/science/models/calibration.txt",),
@@ -417,28 +404,26 @@ def _finished(path: str, fp: str) -> dict[str, Any] | None:
 
 
 def _embed_dataset(
+    run: StageRun,
     name: str,
     source: Dataset | None,
     id_column: str,
     out: str,
-    cfg: EmbedConfig,
     lazy: _LazyEncoder,
     known: dict[str, Any] | None,
-    progress: bool,
     status: str,
     reuse: Any = None,
     also: Dataset | None = None,
-    executor: Executor | None = None,
     key: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Embed one dataset (or write an empty one) on ``executor``; returns (encoder info,
+    """Embed one dataset (or write an empty one) on the run's executor; returns (encoder info,
     metrics).
 
     ``reuse(table)`` returns the ``known`` vectors of a shard (see ``embed_shard``); ``also`` is
     a dataset those vectors depend on, for the fingerprint. ``key`` names the run for the
     workers' cached encoder (``EmbedShard``).
     """
-    params = _params(cfg)
+    cfg = run.cfg
     section = cfg.model_dump()
     if cfg.engine == "transformers":
         section["compute_type"] = None  # the transformers engine computes in dtype
@@ -456,40 +441,27 @@ def _embed_dataset(
     if done is not None:
         # Through the writer, which also removes a _progress/ that a kill between the manifest
         # and its removal left behind.
-        DatasetWriter(
-            out,
-            S.embeddings_spec(done[ENCODER_KEY]["dim"], cfg.vector_dtype),
-            stage=STAGE,
-            params=params,
-            fingerprint=fp,
-            name=out,
-        ).close()
+        spec = S.embeddings_spec(done[ENCODER_KEY]["dim"], cfg.vector_dtype)
+        run.output(name, spec, path=out, fingerprint=fp).close()
         log.info("embed: %s already embedded (%s)", name, out)
         return done[ENCODER_KEY], _dataset_metrics(rows, n_shards, status)
     info = known
     if info is None or (source is not None and rows):
         info = lazy.get().info()
-    writer = DatasetWriter(
-        out,
-        S.embeddings_spec(info["dim"], cfg.vector_dtype),
-        stage=STAGE,
-        params=params,
-        fingerprint=fp,
-        name=out,
+    writer = run.output(
+        name, S.embeddings_spec(info["dim"], cfg.vector_dtype), path=out, fingerprint=fp
     )
     todo = pending([writer], n_shards)
     todo_rows = sum(source.manifest["shards"][i]["rows"] for i in todo) if todo else 0
     start = time.monotonic()
     reused = 0
     if todo:
-        ex = executor or LocalExecutor()
-        in_process = isinstance(ex, LocalExecutor)
+        in_process = isinstance(run.executor, LocalExecutor)
         state = {"lazy": lazy, "reuse": reuse} if in_process else None
         fn = EmbedShard(cfg, key, id_column, reuse is not None, state, lazy.int8_weights)
         # Small row groups, so that readers stream vectors in bounded memory (VECTOR_ROW_GROUP).
         writer.write_options = {"row_group_size": VECTOR_ROW_GROUP, **writer.write_options}
-        facts: list[dict[str, Any]] = []
-        map_shards(fn, source, {"vectors": writer}, ex, f"embed/{name}", progress, facts=facts)
+        facts = run.map(fn, source, {"vectors": writer}, f"embed/{name}")
         reused = sum(f["reused"] for f in facts)
     seconds = time.monotonic() - start
     writer.finalize(
@@ -531,74 +503,50 @@ def run(
 ) -> dict[str, Any]:
     """Embed the sentences, then the candidates and the rewrites, on ``executor`` (default: in
     this process, one shard after another); returns the metrics written to ``cfg.metrics``."""
-    sentences = open_dataset(cfg.sentences, S.SENTENCES)
-    candidates, status = _open_augmentations("candidates", cfg.candidates)
-    rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
-    lazy = _LazyEncoder(cfg, int8_weights(cfg))
-    reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
-    key = uuid.uuid4().hex  # this run, for the encoder each worker process keeps
-    try:
-        return _run(
-            cfg,
-            progress,
-            executor,
-            sentences,
-            candidates,
-            status,
-            rewrites,
-            rw_status,
-            lazy,
-            reuse,
-            key,
-        )
-    finally:
-        drop_run_state(key)
+    with StageRun(STAGE, cfg, executor, progress, params=_params(cfg)) as run:
+        sentences = run.input("sentences", S.SENTENCES)
+        candidates, status = _open_augmentations("candidates", cfg.candidates)
+        rewrites, rw_status = _open_augmentations("rewrites", cfg.rewrites)
+        lazy = _LazyEncoder(cfg, int8_weights(cfg))
+        reuse = _SentenceVectors(cfg, sentences)  # shared: loads the sentence vectors once
+        key = uuid.uuid4().hex  # this run, for the encoder each worker process keeps
+        try:
+            return _run(run, sentences, candidates, status, rewrites, rw_status, lazy, reuse, key)
+        finally:
+            drop_run_state(key)
 
 
 def _run(
-    cfg, progress, executor, sentences, candidates, status, rewrites, rw_status, lazy, reuse, key
+    run: StageRun, sentences, candidates, status, rewrites, rw_status, lazy, reuse, key
 ) -> dict[str, Any]:
+    cfg = run.cfg
     info, sent_metrics = _embed_dataset(
-        "sentences",
-        sentences,
-        S.ID,
-        cfg.output,
-        cfg,
-        lazy,
-        None,
-        progress,
-        "embedded",
-        executor=executor,
-        key=key,
+        run, "sentences", sentences, S.ID, cfg.output, lazy, None, "embedded", key=key
     )
     _, cand_metrics = _embed_dataset(
+        run,
         "candidates",
         candidates,
         S.CANDIDATE_ID,
         cfg.candidates_output,
-        cfg,
         lazy,
         info,
-        progress,
         status,
         reuse=reuse,
         also=sentences,
-        executor=executor,
         key=key,
     )
     _, rw_metrics = _embed_dataset(
+        run,
         "rewrites",
         rewrites,
         S.CANDIDATE_ID,
         cfg.rewrites_output,
-        cfg,
         lazy,
         info,
-        progress,
         rw_status,
         reuse=reuse,
         also=sentences,
-        executor=executor,
         key=key,
     )
     dim, dtype = embeddings_layout(cfg.output)
@@ -623,8 +571,7 @@ def _run(
         "candidates": cand_metrics,
         "rewrites": rw_metrics,
     }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
+    run.finish(metrics)
     log.info(
         "embed: %d sentences, %d candidates (%s) and %d rewrites (%s), %d-d %s vectors",
         sent_metrics["rows"],
@@ -667,20 +614,15 @@ def command(
         from pairforge.pipeline.plumbing.runner import DaskExecutor
 
         log.info("embed: %d GPUs: one Dask worker per device", gpus)
-        outputs = (cfg.output, cfg.candidates_output, cfg.rewrites_output)
-        with writer_locks(*outputs):
-            ex = DaskExecutor(
-                workers=gpus, worker_env=[{"CUDA_VISIBLE_DEVICES": str(d)} for d in range(gpus)]
-            )
-            try:
-                run(cfg.model_copy(update={"device": "cuda"}), progress=progress, executor=ex)
-            finally:
-                ex.close()
+        ex = DaskExecutor(
+            workers=gpus, worker_env=[{"CUDA_VISIBLE_DEVICES": str(d)} for d in range(gpus)]
+        )
+        try:
+            run(cfg.model_copy(update={"device": "cuda"}), progress=progress, executor=ex)
+        finally:
+            ex.close()
         return
-    with (
-        writer_locks(cfg.output, cfg.candidates_output, cfg.rewrites_output),
-        executor(workers or 0, scheduler) as ex,
-    ):
+    with executor(workers or 0, scheduler) as ex:
         run(cfg, progress=progress, executor=ex)
 
 

@@ -37,9 +37,9 @@ from typing import Any, Literal
 
 from pairforge.pipeline.plumbing.config import OptionalModelSpec, StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.shards import atomic_write_bytes
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT
 from pairforge.stages.options import stage_command
 from pydantic import Field
@@ -99,18 +99,6 @@ STAGE = StageDef(
     config=EvaluateConfig,
     inputs=("${train.output}/${train.objective}", "${evaluate.demo_data}"),
     outputs=("metrics", "report", "plot"),
-    params=(
-        "data",
-        "models",
-        "baseline",
-        "baseline_poolings",
-        "baseline_prompt",
-        "tasks",
-        "sts_missing",
-        "max_pairs",
-        "seed",
-        "max_length",
-    ),
     free=("batch_size", "device", "threads"),
     outs={
         "${evaluate.metrics}": {"cache": False},
@@ -321,8 +309,7 @@ def run(cfg: EvaluateConfig, progress: bool = True) -> dict:
             for label, r in results.items()
         },
     }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
+    StageRun(STAGE, cfg).finish(metrics)  # the metrics and their headline
     report = Path(cfg.report)
     report.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(report, _markdown(cfg, results, sts_table(results, tasks), metrics).encode())

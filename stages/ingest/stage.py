@@ -27,17 +27,15 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, DataIntegrityError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.plumbing.locks import writer_locks
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.progress import Progress
-from pairforge.pipeline.plumbing.runner import Executor, ShardResult, finished, map_tables
+from pairforge.pipeline.plumbing.runner import Executor, ShardResult, finished
 from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pairforge.pipeline.science.text import char_counts, normalize, sentence_ids, word_counts
 from pairforge.stages.options import executor, stage_command
@@ -108,18 +106,7 @@ STAGE = StageDef(
     config=IngestConfig,
     inputs=("${ingest.root}",),
     outputs=("output", "quarantine", "metrics"),
-    params=(
-        "inputs",
-        "format",
-        "field",
-        "min_words",
-        "max_words",
-        "max_chars",
-        "max_line_bytes",
-        "invalid_utf8",
-        "rows_per_shard",
-        "chunk_rows",
-    ),
+    datasets=("output", "quarantine"),
     headlines={"rows_out": "rows_kept", "dropped": "rows_dropped_total"},
 )
 
@@ -396,87 +383,63 @@ def _split_front(
     return head, []
 
 
-def run(cfg: IngestConfig, executor: Executor, progress: bool = True) -> dict:
+def run(cfg: IngestConfig, executor: Executor | None = None, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
-    files = resolve_inputs([os.path.join(cfg.root, p) for p in cfg.inputs], cfg.format)
-    files_token = [[f.path, f.format, f.size, f.mtime_ns] for f in files]
-    fingerprint = run_fingerprint(STAGE, cfg.model_dump(), {"files": files_token})
-    params = cfg.model_dump()
-    out = Path(cfg.output)
-    sentences = DatasetWriter(
-        out,
-        S.SENTENCES,
-        stage=STAGE,
-        params=params,
-        fingerprint=fingerprint,
-        rows_per_shard=cfg.rows_per_shard,
-        name=cfg.output,
-    )
-    quarantine = DatasetWriter(
-        cfg.quarantine,
-        S.QUARANTINE,
-        stage=STAGE,
-        params=params,
-        fingerprint=fingerprint,
-        name=cfg.quarantine,
-    )
-    work = out / "_work"
-    if not (sentences.complete and quarantine.complete):
+    with StageRun(STAGE, cfg, executor, progress) as run:
+        files = resolve_inputs([os.path.join(cfg.root, p) for p in cfg.inputs], cfg.format)
+        run.depend("files", [[f.path, f.format, f.size, f.mtime_ns] for f in files])
+        out = Path(cfg.output)
+        sentences = run.output("output", S.SENTENCES, rows_per_shard=cfg.rows_per_shard)
+        quarantine = run.output("quarantine", S.QUARANTINE)
+        work = out / "_work"
+        if not (sentences.complete and quarantine.complete):
+            # The read+clean step's scratch datasets, regrouped by the dedup step (the prepare
+            # step of this stage: an output shard is no function of one input chunk).
+            def work_writer(name: str, spec: S.SchemaSpec) -> DatasetWriter:
+                return run.output(
+                    name, spec, path=work / name, rows_per_shard=cfg.chunk_rows, scratch=True
+                )
 
-        def work_writer(name: str, spec: S.SchemaSpec) -> DatasetWriter:
-            return DatasetWriter(
-                work / name,
-                spec,
-                stage=STAGE,
-                params=params,
-                fingerprint=fingerprint,
-                rows_per_shard=cfg.chunk_rows,
-                scratch=True,
+            clean = work_writer("clean", S.CLEAN_RECORDS)
+            rejected = work_writer("rejected", S.QUARANTINE)
+            n_chunks = [0, 0]
+            outputs = {"clean": clean, "rejected": rejected}
+            if not (clean.complete and rejected.complete):
+                rows_by_file: dict[str, int] = {}
+                chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks, rows_by_file)
+                run.map_tables(_clean_fn(cfg), chunks, outputs, "ingest/read+clean")
+                _check_rows_read(files, rows_by_file)
+                log.info(
+                    "ingest/read+clean: cleaned %d of %d chunks; %d were already finished",
+                    n_chunks[0] - n_chunks[1],
+                    n_chunks[0],
+                    n_chunks[1],
+                )
+            else:
+                n_chunks[0] = len(clean.finished_shards())
+            clean.finalize(n_chunks[0])
+            rejected.finalize(n_chunks[0])
+            n_out, n_q, duplicates = _dedup_step(
+                cfg, clean, rejected, sentences, quarantine, progress
             )
-
-        clean = work_writer("clean", S.CLEAN_RECORDS)
-        rejected = work_writer("rejected", S.QUARANTINE)
-        n_chunks = [0, 0]
-        outputs = {"clean": clean, "rejected": rejected}
-        if not (clean.complete and rejected.complete):
-            rows_by_file: dict[str, int] = {}
-            chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks, rows_by_file)
-            map_tables(_clean_fn(cfg), chunks, outputs, executor, "ingest/read+clean", progress)
-            _check_rows_read(files, rows_by_file)
-            log.info(
-                "ingest/read+clean: cleaned %d of %d chunks; %d were already finished",
-                n_chunks[0] - n_chunks[1],
-                n_chunks[0],
-                n_chunks[1],
-            )
-        else:
-            n_chunks[0] = len(clean.finished_shards())
-        clean.finalize(n_chunks[0])
-        rejected.finalize(n_chunks[0])
-        n_out, n_q, duplicates = _dedup_step(cfg, clean, rejected, sentences, quarantine, progress)
-        chunk_counts = [s.counts for s in clean.finished_shards()]
-        counts: dict[str, int] = {"read": 0, "kept": 0}
-        for c in chunk_counts:
-            for k, v in c.items():
-                counts[k] = counts.get(k, 0) + v
-        counts["dropped.duplicate"] = duplicates
-        counts["kept"] -= duplicates
-        sentences.finalize(n_out, extra={"counts": counts, "inputs": [f.path for f in files]})
-        quarantine.finalize(n_q, extra={"counts": counts, "inputs": [f.path for f in files]})
-    shutil.rmtree(work, ignore_errors=True)
-    counts = json.loads((out / MANIFEST).read_text())["counts"]
-    metrics = _metrics(counts, sentences, quarantine)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
-    log.info(
-        "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
-        metrics["rows_read"],
-        len(files),
-        metrics["rows_kept"],
-        metrics["rows_dropped_total"],
-        ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
-    )
-    return metrics
+            counts: dict[str, int] = {"read": 0, "kept": 0, **run.totals(clean)}
+            counts["dropped.duplicate"] = duplicates
+            counts["kept"] -= duplicates
+            extra = {"counts": counts, "inputs": [f.path for f in files]}
+            sentences.finalize(n_out, extra=extra)
+            quarantine.finalize(n_q, extra=extra)
+        shutil.rmtree(work, ignore_errors=True)
+        counts = json.loads((out / MANIFEST).read_text())["counts"]
+        metrics = run.finish(_metrics(counts, sentences, quarantine))
+        log.info(
+            "ingest: read %d rows from %d files, kept %d, dropped %d (%s)",
+            metrics["rows_read"],
+            len(files),
+            metrics["rows_kept"],
+            metrics["rows_dropped_total"],
+            ", ".join(f"{k} {v}" for k, v in metrics["rows_dropped"].items() if v) or "none",
+        )
+        return metrics
 
 
 def _check_rows_read(files: list[InputFile], rows_by_file: dict[str, int]) -> None:
@@ -537,5 +500,5 @@ def command(cfg: IngestConfig, workers: int, scheduler: str | None, progress: bo
     Every option defaults to the key of the same name in the `ingest` section of params.yaml.
     Dropped rows go to the quarantine dataset with their reason, file and line.
     """
-    with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
+    with executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

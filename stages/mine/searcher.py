@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import faiss
 import numpy as np
@@ -15,6 +14,9 @@ from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.pipeline.science.mining_inputs import RowsRead, no_release
 from pairforge.stages.mine.index import BLOCK, _default_nlist, build_index, gpu_available, search
 from pairforge.stages.mine.ondisk import read_mapped
+
+if TYPE_CHECKING:  # the index reads the stage's frozen config (no import at run time)
+    from pairforge.stages.mine.stage import MineConfig
 
 INDEX_FILE = "index.faiss"
 # Queries per chunk of the exact rescoring from a matrix in memory: a chunk touches k scattered
@@ -27,35 +29,6 @@ RESCORE_ROWS = 32_768
 RESCORE_DENSE = 8
 # Present where an NVIDIA driver is loaded: checked before torch is imported to ask for a GPU.
 NVIDIA_DEVICE = Path("/dev/nvidiactl")
-
-
-@dataclass(frozen=True)
-class IndexSettings:
-    """What ``open_index`` reads of the ``mine`` config, taken from it by field name (``of``).
-
-    ``MineConfig`` (``stages/mine/stage.py``) declares these keys, their validation and their defaults;
-    this view declares none. It exists so that this module depends on nothing above it and
-    names exactly the keys that shape the index.
-    """
-
-    index: str
-    flat_max: int
-    nlist: int | None
-    nprobe: int | None
-    ivf_codec: str
-    train_size: int | None
-    train_iterations: int
-    hnsw_m: int
-    ef_construction: int
-    ef_search: int
-    use_gpu: str
-    search_engine: str
-    seed: int
-
-    @classmethod
-    def of(cls, config: Any) -> IndexSettings:
-        """The view of ``config`` (a ``MineConfig``, or anything with its field names)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
 class Searcher:
@@ -265,7 +238,7 @@ def band_sizes(
 def open_index(
     vectors: np.ndarray,
     work: Path,
-    cfg: IndexSettings,
+    cfg: MineConfig,
     release: Callable[[], None] = no_release,
     take: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> tuple[faiss.Index, dict[str, Any]]:
@@ -337,7 +310,7 @@ def open_index(
     return index, facts
 
 
-def search_engine(cfg: IndexSettings) -> str:
+def search_engine(cfg: MineConfig) -> str:
     """``faiss`` or ``torch``: ``search_engine`` as set, or under ``auto`` torch's exact search
     when a GPU is allowed and visible but this faiss build cannot use it (no faiss-gpu)."""
     if cfg.search_engine != "auto":
@@ -350,7 +323,7 @@ def search_engine(cfg: IndexSettings) -> str:
 
 
 def _torch_index(
-    vectors: np.ndarray, cfg: IndexSettings, release: Callable[[], None]
+    vectors: np.ndarray, cfg: MineConfig, release: Callable[[], None]
 ) -> tuple[Any, dict[str, Any]]:
     """Exact search in torch (``stages/mine/torch_search.py``), on the GPU when allowed and
     visible; the approximate kinds' settings do not apply."""

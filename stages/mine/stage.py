@@ -35,18 +35,15 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint
-from pairforge.pipeline.plumbing.locks import writer_locks
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.runner import (
     Executor,
     LocalExecutor,
     ShardResult,
-    map_tables,
     pending,
 )
 from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.mining_inputs import (
     VECTOR_FILE,
     ArrowTexts,
@@ -179,31 +176,7 @@ STAGE = StageDef(
         "${mine.rewrites}",
     ),
     outputs=("output", "metrics"),
-    params=(
-        "k",
-        "pool_cap",
-        "band_low",
-        "band_high",
-        "near_duplicate_threshold",
-        "min_pool",
-        "fallback",
-        "widen_step",
-        "widen_limits",
-        "index",
-        "flat_max",
-        "nlist",
-        "nprobe",
-        "ivf_codec",
-        "train_size",
-        "train_iterations",
-        "hnsw_m",
-        "ef_construction",
-        "ef_search",
-        "use_gpu",
-        "search_engine",
-        "recall_sample",
-        "seed",
-    ),
+    datasets=("output",),
     free=("query_batch", "anchor_batch", "threads"),
     headlines={"rows_out": "anchors", "pool_p50": "pool_size.p50"},
 )
@@ -550,30 +523,23 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
     shard after another); returns the metrics written to ``cfg.metrics``. The index is built
     (or reloaded) once, here; on Dask it is written to ``<output>/_work`` for the workers to
     map (see ``MineShard``). The pools are the same bytes whichever executor computes them."""
-    t0 = time.monotonic()
-    _threads(cfg.threads)
-    corpus = _open_corpus(cfg)
-    writer = DatasetWriter(
-        cfg.output,
-        S.POOLS,
-        stage=STAGE,
-        params=cfg.model_dump(),
-        fingerprint=corpus.fingerprint,
-        name=cfg.output,
-    )
-    shards = len(corpus.sentences)
-    todo = pending([writer], shards)
-    facts = _Facts()
-    # Also with every shard done but no manifest (a kill in the finishing step): the facts the
-    # manifest records come from the index and the augmentations, as in an uninterrupted run.
-    if not writer.complete:
-        facts = _search(cfg, corpus, writer, todo, executor, progress)
-    manifest = _finalize(cfg, writer, shards, facts)
-    metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards, t0=t0)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
-    _log_summary(cfg, metrics)
-    return metrics
+    with StageRun(STAGE, cfg, executor, progress) as run:
+        _threads(cfg.threads)
+        corpus = _open_corpus(run)
+        writer = run.output("output", S.POOLS, fingerprint=corpus.fingerprint)
+        shards = len(corpus.sentences)
+        todo = pending([writer], shards)
+        facts = _Facts()
+        # Also with every shard done but no manifest (a kill in the finishing step): the facts
+        # the manifest records come from the index and the augmentations, as in an uninterrupted
+        # run.
+        if not writer.complete:
+            facts = _search(run, corpus, writer, todo)
+        manifest = _finalize(cfg, writer, shards, facts)
+        metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards)
+        run.finish(metrics, timed=True)
+        _log_summary(cfg, metrics)
+        return metrics
 
 
 class _Corpus(NamedTuple):
@@ -587,10 +553,11 @@ class _Corpus(NamedTuple):
     fingerprint: str
 
 
-def _open_corpus(cfg: MineConfig) -> _Corpus:
+def _open_corpus(run: StageRun) -> _Corpus:
     """Open the sentences, embeddings and own-augmentations datasets (each checked against its
     schema), read the corpus and fingerprint the run; PairforgeError on fewer than 2 sentences."""
-    sentences = open_dataset(cfg.sentences, S.SENTENCES)
+    cfg = run.cfg
+    sentences = run.input("sentences", S.SENTENCES)
     embeddings = open_embeddings(cfg.embeddings)
     candidates = _open_augmentations(cfg.candidates)
     rewrites = _open_augmentations(cfg.rewrites)
@@ -602,26 +569,21 @@ def _open_corpus(cfg: MineConfig) -> _Corpus:
     # The rewrites count by their content, and only when there are some: an empty or absent
     # rewrites dataset (the demo's, rewrite disabled) leaves the pools and their fingerprint as
     # they were without one, so a rewritten empty dataset does not recompute every pool.
-    inputs = {"sentences": sentences, "embeddings": embeddings, "candidates": candidates}
+    run.depend("embeddings", embeddings)
+    run.depend("candidates", candidates)
     if rewrites is not None and rewrites.num_rows:
-        inputs["rewrites"] = rewrites
-    fp = fingerprint(STAGE, cfg.model_dump(), inputs)
+        run.depend("rewrites", rewrites)
+    fp = run.fingerprint()
     return _Corpus(
         sentences, embeddings, table[S.ID].combine_chunks(), ArrowTexts(table[S.TEXT]), fp
     )
 
 
-def _search(
-    cfg: MineConfig,
-    corpus: _Corpus,
-    writer: DatasetWriter,
-    todo: list[int],
-    executor: Executor | None,
-    progress: bool,
-) -> _Facts:
+def _search(run: StageRun, corpus: _Corpus, writer: DatasetWriter, todo: list[int]) -> _Facts:
     """Open the index and its searcher, sample the band coverage, gather the anchors' own
     augmentations, and mine the pending shards ``todo`` into ``writer`` (none: the searcher is
     still opened, for the facts the manifest records)."""
+    cfg = run.cfg
     index, searcher, index_facts = _open_searcher(cfg, corpus.embeddings, corpus.ids)
     facts = _Facts(index=index_facts)
     if cfg.recall_sample:
@@ -633,9 +595,7 @@ def _search(
     rw_rows, rw_texts, facts.rewrites = own_augmentations(cfg.rewrites, ids, "rewrites")
     augs = merge_augmentations([(cand_rows, cand_texts), (rw_rows, rw_texts)])
     if todo:
-        facts.search_seconds = _mine_shards(
-            cfg, corpus, writer, todo, index, searcher, augs, executor, progress
-        )
+        facts.search_seconds = _mine_shards(run, corpus, writer, todo, index, searcher, augs)
     return facts
 
 
@@ -645,14 +605,14 @@ def _open_searcher(
     """The index over the corpus's vectors, built (or reloaded from ``<output>/_work``), and its
     searcher, with the index's facts (kind, build seconds, recall@k against exact search).
     ConfigError when the GPU index cannot return the neighbours ``pool_cap`` needs."""
-    from pairforge.stages.mine.searcher import IndexSettings, Searcher, flat_view, open_index
+    from pairforge.stages.mine.searcher import Searcher, flat_view, open_index
 
     # The corpus's vectors go to <output>/_work, mapped: every pass over them releases its pages
     # as it goes (stages/mine/index.py), so a million sentences do not hold 1.43 GiB resident.
     mapped = spill_vectors(embeddings, ids, Path(cfg.output) / "_work")
     vectors = mapped.array
     index, facts = open_index(
-        vectors, Path(cfg.output) / "_work", IndexSettings.of(cfg), mapped.release, mapped.take
+        vectors, Path(cfg.output) / "_work", cfg, mapped.release, mapped.take
     )
     log.info(
         "mine: %s index over %d x %d vectors (%.1fs)",
@@ -710,21 +670,19 @@ def _recall(cfg: MineConfig, mapped: MappedVectors, index, kind: str) -> dict[st
 
 
 def _mine_shards(
-    cfg: MineConfig,
+    run: StageRun,
     corpus: _Corpus,
     writer: DatasetWriter,
     todo: list[int],
     index,
     searcher: Searcher,
     augs: tuple[np.ndarray, pa.Array],
-    executor: Executor | None,
-    progress: bool,
 ) -> float:
     """Mine the anchor shards ``todo`` (their own augmentations ``augs``: rows, texts) into
-    ``writer`` on ``executor``; returns the seconds their searches took, summed over shards.
-    Off this process the index goes to ``<output>/_work`` for the workers to map."""
-    ex = executor or LocalExecutor()
-    in_process = isinstance(ex, LocalExecutor)
+    ``writer`` on the run's executor; returns the seconds their searches took, summed over
+    shards. Off this process the index goes to ``<output>/_work`` for the workers to map."""
+    cfg = run.cfg
+    in_process = isinstance(run.executor, LocalExecutor)
     key = f"{corpus.fingerprint}:{cfg.threads}:{cfg.query_batch}"
     # Absolute: a worker of a --scheduler cluster may run in another folder.
     index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
@@ -738,9 +696,8 @@ def _mine_shards(
     anchors = (
         (i, _anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
     )
-    shard_facts: list[dict[str, Any]] = []
     try:
-        map_tables(fn, anchors, {"pools": writer}, ex, STAGE.name, progress, True, shard_facts)
+        shard_facts = run.map_tables(fn, anchors, {"pools": writer}, with_index=True)
     finally:
         with _STATE_LOCK:
             _STATE.pop(key, None)
@@ -774,10 +731,10 @@ def _metrics(
     *,
     computed: int,
     shards: int,
-    t0: float,
 ) -> dict[str, Any]:
-    """The stage's metrics, from the finished pools and their manifest (so a rerun that finds
-    them finished reports the same), this run's index facts and timings (``t0``: its start)."""
+    """The stage's metrics but ``seconds`` (added last by ``run``), from the finished pools and
+    their manifest (so a rerun that finds them finished reports the same) and this run's index
+    facts."""
     coverage_sample = {
         k: np.asarray(v, dtype=np.int64) for k, v in manifest.get("band_sample", {}).items()
     }
@@ -808,7 +765,6 @@ def _metrics(
         "computed_shards": computed,
         "shards": shards,
         "pool_seconds": round(facts.search_seconds, 3),
-        "seconds": round(time.monotonic() - t0, 3),
     }
 
 
@@ -852,5 +808,5 @@ def command(cfg: MineConfig, workers: int, scheduler: str | None, progress: bool
 
     Every option defaults to the key of the same name in the `mine` section of params.yaml.
     """
-    with writer_locks(cfg.output), executor(workers, scheduler) as ex:
+    with executor(workers, scheduler) as ex:
         run(cfg, progress=progress, executor=ex)

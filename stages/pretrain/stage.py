@@ -23,14 +23,11 @@ from pathlib import Path
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.plumbing.locks import writer_lock
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.shards import (
     atomic_write_bytes,
-    open_dataset,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.models import load_masked_lm, pick_device, resolve_model
 from pairforge.stages.options import stage_command
 from pydantic import Field
@@ -82,23 +79,7 @@ STAGE = StageDef(
     config=PretrainConfig,
     inputs=("${pretrain.input}",),
     outputs=("output", "metrics", "plot_data", "figure"),
-    params=(
-        "model",
-        "lower_layers",
-        "head_layers",
-        "mask_rate",
-        "aux_weight",
-        "train_backbone",
-        "max_length",
-        "batch_size",
-        "steps",
-        "epochs",
-        "learning_rate",
-        "weight_decay",
-        "warmup_ratio",
-        "seed",
-        "checkpoint_every",
-    ),
+    models=("output",),
     free=("device",),
     outs={
         "${pretrain.metrics}": {"cache": False},
@@ -121,13 +102,18 @@ def total_steps(cfg: PretrainConfig, n_sentences: int) -> int:
 
 def run(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Pre-train (or resume) and write the network, metrics and plots; returns the metrics."""
+    with StageRun(STAGE, cfg, progress=progress) as run:
+        return _run(run)
+
+
+def _run(run: StageRun) -> dict:
     from pairforge.stages.pretrain.infocse import PretrainSettings, pretrain, read_history
     from pairforge.train.infocse_aux import AUX_MANIFEST, read_aux_config
 
-    dataset = open_dataset(cfg.input, S.SENTENCES)
-    fingerprint = run_fingerprint(
-        STAGE, cfg.model_dump(), {"sentences": dataset}, {"model": resolve_model(cfg.model)}
-    )
+    cfg, progress = run.cfg, run.progress
+
+    dataset = run.input("input", S.SENTENCES)
+    fingerprint = run.fingerprint({"model": resolve_model(cfg.model)})
     out = Path(cfg.output)
     done = (out / AUX_MANIFEST).exists() and read_aux_config(out).get("fingerprint") == fingerprint
     if done:
@@ -168,9 +154,7 @@ def run(cfg: PretrainConfig, progress: bool = True) -> dict:
         )  # fmt: skip
     aux = read_aux_config(out)
     history = read_history(out)
-    metrics = _metrics(aux, history)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
+    metrics = run.finish(_metrics(aux, history))
     _write_plots(history, Path(cfg.plot_data), Path(cfg.figure))
     log.info(
         "pretrain: %d steps over %d sentences (%.2f epochs) in %.0fs; MLM loss %.3f -> %.3f, "
@@ -273,5 +257,4 @@ def command(cfg: PretrainConfig, progress: bool) -> None:
     Every option defaults to the key of the same name in the `pretrain` section of params.yaml.
     The `train` stage uses the result through the InfoCSE option `aux_path`.
     """
-    with writer_lock(cfg.output, f"pretrain output {cfg.output!r}"):
-        run(cfg, progress=progress)
+    run(cfg, progress=progress)

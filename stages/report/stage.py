@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.shards import atomic_write_bytes, open_dataset
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.mining_inputs import encoder_info, load_vectors, open_embeddings
 from pairforge.pipeline.science.models import model_label
 from pairforge.stages.options import stage_command
@@ -112,19 +112,6 @@ STAGE = StageDef(
         "${report.candidates}",
     ),
     outputs=("reports", "plots", "metrics"),
-    params=(
-        "nli",
-        "nli_split",
-        "nli_pairs",
-        "simcse_pairs",
-        "random_pairs",
-        "max_pairs",
-        "bins",
-        "read_anchors",
-        "compare_candidates",
-        "route_pairs",
-        "seed",
-    ),
     free=("device", "batch_size", "threads"),
     outs={
         "${report.metrics}": {"cache": False},
@@ -281,8 +268,7 @@ def run(cfg: ReportConfig) -> dict[str, Any]:
         "encoder": {k: info.get(k) for k in ("model", "pooling", "dim")},
         "seconds": round(time.monotonic() - t0, 3),
     }
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
+    StageRun(STAGE, cfg).finish(metrics)  # the metrics and their headline
     _log_summary(summary, reports / "mining.md")
     return metrics
 

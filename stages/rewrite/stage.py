@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import re
-import time
 from pathlib import Path
 from typing import Literal
 
@@ -26,16 +25,14 @@ from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.cache import KeyValueCache, MemoryCache
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, DataIntegrityError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.plumbing.locks import writer_locks
-from pairforge.pipeline.plumbing.metrics import write_metrics
-from pairforge.pipeline.plumbing.runner import Executor, finished, map_tables, pending
+from pairforge.pipeline.plumbing.runner import Executor, finished, pending
 from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.stages.options import executor, stage_command
 from pairforge.stages.rewrite.llm import REASONS, ChatClient, ChatSettings, Validation
 from pairforge.stages.rewrite.rewriting import rewrite_shard
@@ -125,27 +122,7 @@ STAGE = StageDef(
     config=RewriteConfig,
     inputs=("${rewrite.input}",),
     outputs=("output", "quarantine", "metrics"),
-    params=(
-        "enabled",
-        "base_url",
-        "model",
-        "api_key_env",
-        "system",
-        "prompt",
-        "temperature",
-        "max_tokens",
-        "max_retries",
-        "backoff_base",
-        "backoff_max",
-        "max_sentences",
-        "price_input_per_1m",
-        "price_output_per_1m",
-        "language",
-        "min_ascii_letters",
-        "min_length_ratio",
-        "max_length_ratio",
-        "seed",
-    ),
+    datasets=("output", "quarantine"),
     free=("cache", "timeout", "concurrency", "requests_per_minute"),
     headlines={"rows_out": "rewritten", "dropped": "rejected_total", "cost_usd": "cost_usd"},
 )
@@ -161,75 +138,45 @@ def check_key_env(name: str) -> None:
         )
 
 
-def _writers(cfg: RewriteConfig, fingerprint: str) -> tuple[DatasetWriter, DatasetWriter]:
-    params = cfg.model_dump()
-    rewrites = DatasetWriter(
-        cfg.output,
-        S.CANDIDATES,
-        stage=STAGE,
-        params=params,
-        fingerprint=fingerprint,
-        name=cfg.output,
-    )
-    quarantine = DatasetWriter(
-        cfg.quarantine,
-        S.QUARANTINE,
-        stage=STAGE,
-        params=params,
-        fingerprint=fingerprint,
-        name=cfg.quarantine,
-    )
-    return rewrites, quarantine
-
-
-def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
+def run(cfg: RewriteConfig, executor: Executor | None = None, progress: bool = True) -> dict:
     """Run the whole stage; returns the metrics it also writes to ``cfg.metrics``."""
     check_key_env(cfg.api_key_env)
-    start = time.monotonic()
     this_run: dict[str, int] = {}  # counts of the shards this run computed (log only)
-    if not cfg.enabled:
-        rewrites, quarantine = _writers(
-            cfg, run_fingerprint(STAGE, cfg.model_dump(), {"sentences": None})
-        )
-        extra = {"counts": {}, "enabled": False}
-        rewrites.finalize(0, extra=extra)
-        quarantine.finalize(0, extra=extra)
-    else:
-        sentences = open_dataset(cfg.input, S.SENTENCES)
-        rewrites, quarantine = _writers(
-            cfg, run_fingerprint(STAGE, cfg.model_dump(), {"sentences": sentences})
-        )
-        if not (rewrites.complete and quarantine.complete):
-            fn = functools.partial(
-                rewrite_shard,
-                client=ChatClient(cfg.chat(), rng_seed=cfg.seed),
-                cache=KeyValueCache(cfg.cache, "rewrites") if cfg.cache else MemoryCache(),
-                validation=cfg.validation(),
-                progress=progress,
-            )
-            outputs = {"rewrites": rewrites, "rejected": quarantine}
-            todo = set(pending(outputs, len(sentences)))
-            map_tables(
-                fn, _tables(cfg, sentences, outputs), outputs, executor, STAGE.name, progress
-            )
-            counts: dict[str, int] = {}
-            for i, info in enumerate(rewrites.finished_shards()):
-                for k, v in info.counts.items():
-                    counts[k] = counts.get(k, 0) + v
-                    if i in todo:
-                        this_run[k] = this_run.get(k, 0) + v
-            extra = {
-                "counts": counts,
-                "enabled": True,
-                "base_url": cfg.base_url,
-                "model": cfg.model,
-            }
-            rewrites.finalize(len(sentences), extra=extra)
-            quarantine.finalize(len(sentences), extra=extra)
-    manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
-    metrics = _metrics(cfg, manifest)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
+    with StageRun(STAGE, cfg, executor, progress) as run:
+        if not cfg.enabled:
+            run.depend("input", None)
+            rewrites = run.output("output", S.CANDIDATES)
+            quarantine = run.output("quarantine", S.QUARANTINE)
+            extra = {"counts": {}, "enabled": False}
+            rewrites.finalize(0, extra=extra)
+            quarantine.finalize(0, extra=extra)
+        else:
+            sentences = run.input("input", S.SENTENCES)
+            rewrites = run.output("output", S.CANDIDATES)
+            quarantine = run.output("quarantine", S.QUARANTINE)
+            if not (rewrites.complete and quarantine.complete):
+                fn = functools.partial(
+                    rewrite_shard,
+                    client=ChatClient(cfg.chat(), rng_seed=cfg.seed),
+                    cache=KeyValueCache(cfg.cache, "rewrites") if cfg.cache else MemoryCache(),
+                    validation=cfg.validation(),
+                    progress=progress,
+                )
+                outputs = {"rewrites": rewrites, "rejected": quarantine}
+                todo = pending(outputs, len(sentences))
+                run.map_tables(fn, _tables(cfg, sentences, outputs), outputs)
+                this_run = run.totals(rewrites, todo)
+                extra = {
+                    "counts": run.totals(rewrites),
+                    "enabled": True,
+                    "base_url": cfg.base_url,
+                    "model": cfg.model,
+                }
+                rewrites.finalize(len(sentences), extra=extra)
+                quarantine.finalize(len(sentences), extra=extra)
+        manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
+        metrics = run.finish(_metrics(cfg, manifest))
+        seconds = run.seconds
     if cfg.enabled:
         # The metrics describe the datasets (what they cost, whenever made); the log says what
         # this run did: a rerun over finished datasets sends nothing.
@@ -242,7 +189,7 @@ def run(cfg: RewriteConfig, executor: Executor, progress: bool = True) -> dict:
             ", ".join(f"{k} {v}" for k, v in metrics["rejected"].items() if v) or "none",
             this_run.get("requests", 0),
             this_run.get("cache_hits", 0),
-            time.monotonic() - start,
+            seconds,
             metrics["requests_sent"],
             metrics["tokens"]["prompt"],
             metrics["tokens"]["completion"],
@@ -326,5 +273,5 @@ def command(cfg: RewriteConfig, workers: int, scheduler: str | None, progress: b
     The API key is read from the environment variable named by --api-key-env, nowhere else.
     Rejected answers go to the quarantine with their reason; a rerun sends no request twice.
     """
-    with writer_locks(cfg.output, cfg.quarantine), executor(workers, scheduler) as ex:
+    with executor(workers, scheduler) as ex:
         run(cfg, ex, progress=progress)

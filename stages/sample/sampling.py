@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,9 @@ from pairforge.stages.sample.selection import (
     top_of_pools,
 )
 
+if TYPE_CHECKING:  # the draws read the stage's frozen config (no import at run time)
+    from pairforge.stages.sample.stage import SampleConfig
+
 EDIT_INDEX = "edit_index"  # the positives table's row in the scorer's candidate encoding
 COS = "cos"
 
@@ -53,50 +56,13 @@ SINGLE_VIEWS = (
 )
 
 
-@dataclass(frozen=True)
-class DrawParams:
-    """What ``sample_shard`` reads of the ``sample`` config, taken from it by field name (``of``).
-
-    ``SampleConfig`` (``stages/sample/stage.py``) declares these keys, their validation and their
-    defaults; this view declares none. It exists so that this pure shard function depends on
-    nothing above it and names exactly the keys that change its draws.
-    """
-
-    m: int
-    m_positive: int | None
-    lambda_n: float
-    lambda_p: float
-    temperature: float
-    ipw: str
-    negative_sampler: str
-    range_min: int
-    range_max: int | None
-    absolute_margin: float | None
-    relative_margin: float | None
-    positive_reference: str
-    positive_score: float
-    simans_a: float
-    simans_b: float
-    identical: str
-    short: str
-    positive_route: str
-    view1_route: str
-    view2_route: str
-    seed: int
-
-    @classmethod
-    def of(cls, config: Any) -> DrawParams:
-        """The view of ``config`` (a ``SampleConfig``, or anything with its field names)."""
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
-
-
 def sample_shard(
     pools: pa.Table,
     positives: pa.Table,
     texts: ArrowTexts,
     ids: pa.Array,
     edits: PairScorer,
-    cfg: DrawParams,
+    cfg: SampleConfig,
     shard: int,
     batch: int = 0,
 ) -> tuple[pa.Table, dict[str, int], float]:
@@ -158,7 +124,7 @@ def _draw_negatives(
     pools: pa.Table,
     rows: np.ndarray,
     edits: PairScorer,
-    cfg: DrawParams,
+    cfg: SampleConfig,
     shard: int,
     batch: int,
     pos: _Positives,
@@ -227,7 +193,7 @@ def _draw_positives(
     positives: pa.Table,
     rows: np.ndarray,
     edits: PairScorer,
-    cfg: DrawParams,
+    cfg: SampleConfig,
     shard: int,
     batch: int,
 ) -> _Positives:
@@ -330,7 +296,7 @@ def _add_single_views(
     columns: dict[str, pa.Array],
     counts: dict[str, int],
     pos: _Positives,
-    cfg: DrawParams,
+    cfg: SampleConfig,
     n: int,
 ) -> None:
     """Add the single-view columns (``SINGLE_VIEWS``: text and id of the view's route, null
@@ -359,7 +325,7 @@ def _add_single_views(
 
 
 def _apply_short(
-    table: pa.Table, columns: dict[str, pa.Array], neg: _Negatives, cfg: DrawParams
+    table: pa.Table, columns: dict[str, pa.Array], neg: _Negatives, cfg: SampleConfig
 ) -> pa.Table:
     """The ``short`` policy for anchors with fewer than ``m`` negative candidates: ``keep``
     returns ``table`` as is, ``drop`` without them, ``error`` raises ``PairforgeError`` naming

@@ -34,7 +34,6 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,14 +43,10 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
-from pairforge.pipeline.plumbing.fingerprint import fingerprint
-from pairforge.pipeline.plumbing.locks import writer_lock
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.runner import (
     Executor,
     LocalExecutor,
     ShardResult,
-    map_shards,
     pending,
 )
 from pairforge.pipeline.plumbing.shards import (
@@ -61,6 +56,7 @@ from pairforge.pipeline.plumbing.shards import (
     open_dataset,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.dataset_card import (
     CARD,
     distribution,
@@ -80,7 +76,6 @@ from pairforge.stages.sample.edits import PairScorer, edit_scorer
 from pairforge.stages.sample.ipw import IpwForm
 from pairforge.stages.sample.sampling import (
     EDIT_INDEX,
-    DrawParams,
     PositiveSource,
     open_positives,
     sample_shard,
@@ -212,36 +207,7 @@ STAGE = StageDef(
         "${sample.rewrite_embeddings}",
     ),
     outputs=("output", "metrics"),
-    params=(
-        "m",
-        "m_positive",
-        "lambda_n",
-        "lambda_p",
-        "ipw",
-        "temperature",
-        "negative_sampler",
-        "range_min",
-        "range_max",
-        "absolute_margin",
-        "relative_margin",
-        "positive_reference",
-        "positive_score",
-        "simans_a",
-        "simans_b",
-        "edit_kind",
-        "edit_normalized",
-        "edit_metric",
-        "identical",
-        "short",
-        "positive_route",
-        "view1_route",
-        "view2_route",
-        "seed",
-        "anchor_batch",
-        "corpus_name",
-        "corpus_license",
-        "corpus_source",
-    ),
+    datasets=("output",),
     # The numba and rapidfuzz backends give equal distances.
     free=("edit_backend", "threads"),
     headlines={"rows_out": "rows"},
@@ -380,7 +346,6 @@ class SampleShard:
                     positives=positives,
                     pos_rows=positives[S.ROW].to_numpy(),
                     corpus=ArrowTexts(inputs["texts"]),
-                    draw=DrawParams.of(self.cfg),
                     reported=False,
                 )
             return state
@@ -402,7 +367,7 @@ class SampleShard:
                 state["corpus"],
                 ids,
                 scorer,
-                state["draw"],
+                self.cfg,
                 i,
                 j,
             )
@@ -429,20 +394,26 @@ def run(
     """Score and sample every anchor, on ``executor`` (default: in this process, one shard
     after another); returns the metrics written to ``cfg.metrics``. The pairs are the same
     bytes whichever executor computes them: draws are seeded by shard and anchor batch."""
-    t_start = time.monotonic()
-    inputs = _open_inputs(cfg)
-    _warn_unfilled_pools(cfg, inputs["pools"])
-    writer = _writer(cfg, inputs)
-    todo = pending([writer], len(inputs["pools"]))
-    shard_facts = _sample_shards(cfg, inputs, writer, todo, executor, progress)
-    totals = _totals(cfg, inputs["pools"], writer)
-    rows, dists = _finish_dataset(cfg, inputs, writer, totals)
-    metrics = _metrics(cfg, inputs, rows, totals, dists, _edit_facts(shard_facts), len(todo))
-    metrics["seconds"] = round(time.monotonic() - t_start, 3)
-    Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-    write_metrics(cfg.metrics, metrics, STAGE.headlines)
-    _log_summary(metrics, totals)
-    return metrics
+    with StageRun(STAGE, cfg, executor, progress) as run:
+        inputs = _open_inputs(cfg)
+        _warn_unfilled_pools(cfg, inputs["pools"])
+        # The writer is fingerprinted by the config and every input dataset, so that a run
+        # resumes only over the same inputs. Threads and the backend are free keys (the
+        # backends give equal distances): a run may resume with others.
+        run.depend("sentences", inputs["sentences"])
+        run.depend("pools", inputs["pools"])
+        run.depend("embeddings", inputs["sent_emb"])
+        for name, dataset in inputs["pos_datasets"].items():  # candidates, their embeddings...
+            run.depend(name, dataset)
+        writer = run.output("output", S.PAIRS)
+        todo = pending([writer], len(inputs["pools"]))
+        shard_facts = _sample_shards(run, inputs, writer, todo)
+        totals = _totals(cfg, inputs["pools"], writer)
+        rows, dists = _finish_dataset(cfg, inputs, writer, totals)
+        metrics = _metrics(cfg, inputs, rows, totals, dists, _edit_facts(shard_facts), len(todo))
+        run.finish(metrics, timed=True)
+        _log_summary(metrics, totals)
+        return metrics
 
 
 def _warn_unfilled_pools(cfg: SampleConfig, pools: Dataset) -> None:
@@ -457,56 +428,20 @@ def _warn_unfilled_pools(cfg: SampleConfig, pools: Dataset) -> None:
         )
 
 
-def _writer(cfg: SampleConfig, inputs: dict[str, Any]) -> DatasetWriter:
-    """The ``pairs`` writer at ``cfg.output``, fingerprinted by the config and every input
-    dataset (``_open_inputs``), so that a run resumes only over the same inputs."""
-    # Threads and the backend are free keys (the backends give equal distances): a run may
-    # resume with others.
-    fp = fingerprint(
-        STAGE,
-        cfg.model_dump(),
-        {
-            "sentences": inputs["sentences"],
-            "pools": inputs["pools"],
-            "embeddings": inputs["sent_emb"],
-            # candidates, candidates_embeddings, rewrites, rewrites_embeddings
-            **inputs["pos_datasets"],
-        },
-    )
-    return DatasetWriter(
-        cfg.output, S.PAIRS, stage=STAGE, params=cfg.model_dump(), fingerprint=fp, name=cfg.output
-    )
-
-
 def _sample_shards(
-    cfg: SampleConfig,
-    inputs: dict[str, Any],
-    writer: DatasetWriter,
-    todo: list[int],
-    executor: Executor | None,
-    progress: bool,
+    run: StageRun, inputs: dict[str, Any], writer: DatasetWriter, todo: list[int]
 ) -> list[dict[str, Any]]:
-    """Compute and write the pending shards ``todo`` (``SampleShard`` on ``executor``, default
-    in-process); returns each computed shard's facts (scoring seconds, edit pairs, scorer)."""
-    shard_facts: list[dict[str, Any]] = []
+    """Compute and write the pending shards ``todo`` (``SampleShard`` on the run's executor);
+    returns each computed shard's facts (scoring seconds, edit pairs, scorer)."""
     if not todo:
-        return shard_facts
-    ex = executor or LocalExecutor()
-    in_process = isinstance(ex, LocalExecutor)
+        return []
+    cfg = run.cfg
+    in_process = isinstance(run.executor, LocalExecutor)
     # The run's key: its fingerprint and the settings outside it that a scorer depends on.
     key = f"{writer.fingerprint}:{cfg.edit_backend}:{cfg.threads}"
     fn = SampleShard(cfg, key, inputs if in_process else None)
     try:
-        map_shards(
-            fn,
-            inputs["pools"],
-            {"pairs": writer},
-            ex,
-            STAGE,
-            progress,
-            with_index=True,
-            facts=shard_facts,
-        )
+        shard_facts = run.map(fn, inputs["pools"], {"pairs": writer}, with_index=True)
     finally:
         with _STATE_LOCK:
             _STATE.pop(key, None)
@@ -538,10 +473,7 @@ def _edit_facts(shard_facts: list[dict[str, Any]]) -> dict[str, Any]:
 def _totals(cfg: SampleConfig, pools: Dataset, writer: DatasetWriter) -> dict[str, int]:
     """Every finished shard's counts summed; raises ``PairforgeError`` when no anchor had a
     negative candidate (nothing was sampled: the mining band is off)."""
-    totals: dict[str, int] = {}
-    for info in writer.finished_shards():
-        for key, value in info.counts.items():
-            totals[key] = totals.get(key, 0) + value
+    totals = StageRun.totals(writer)
     if pools.num_rows and totals.get("negative_candidates", 0) == 0:
         raise PairforgeError(
             f"sample: every negative pool in {cfg.pools} is empty: nothing to sample. Check "
@@ -732,6 +664,5 @@ def command(cfg: SampleConfig, workers: int, scheduler: str | None, progress: bo
     Every option defaults to the key of the same name in the `sample` section of params.yaml.
     Writes the training pairs with every score used, and a dataset card beside the shards.
     """
-    # Held past the manifest: the card is written after it.
-    with writer_lock(cfg.output, f"dataset {cfg.output!r}"), executor(workers, scheduler) as ex:
+    with executor(workers, scheduler) as ex:
         run(cfg, progress=progress, executor=ex)

@@ -17,15 +17,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 from pathlib import Path
 
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import PairforgeError
-from pairforge.pipeline.plumbing.locks import writer_lock
 from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json, open_dataset
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.stages.options import stage_command
 from pairforge.stages.standin.marian import NOTE, build_standins
 from pydantic import Field
@@ -76,15 +75,7 @@ STAGE = StageDef(
     config=StandinConfig,
     inputs=("${standin.input}",),
     outputs=("output",),
-    params=(
-        "enabled",
-        "pairs",
-        "vocab_size",
-        "synonyms",
-        "substitute_rate",
-        "sharpness",
-        "seed",
-    ),
+    models=("output",),
     outs={
         "${standin.output}": {},
     },
@@ -119,26 +110,26 @@ def run(cfg: StandinConfig) -> dict:
     """Build (or, disabled, describe) the stand-in models into ``cfg.output``, replacing what
     was there only once the new folder is complete; returns each model's stand-in note."""
     out = Path(cfg.output)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    start = time.monotonic()
-    try:
-        written, readme = _build(cfg, tmp)
-        (tmp / "README.md").write_text(readme)
-        atomic_write_json(tmp / "standin.json", {"enabled": cfg.enabled, "models": written})
-    except BaseException:
+    with StageRun(STAGE, cfg) as run:
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    apply_umask(tmp)  # safetensors writes 0600
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+        tmp.mkdir(parents=True)
+        try:
+            written, readme = _build(cfg, tmp)
+            (tmp / "README.md").write_text(readme)
+            atomic_write_json(tmp / "standin.json", {"enabled": cfg.enabled, "models": written})
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        apply_umask(tmp)  # safetensors writes 0600
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
     if cfg.enabled:
         log.info(
             "standin: built %d stand-in models (NOT translation models) under %s in %.1fs",
             len(written),
             out,
-            time.monotonic() - start,
+            run.seconds,
         )
     else:
         log.info("standin: disabled; wrote only %s/README.md", out)
@@ -152,5 +143,4 @@ def command(cfg: StandinConfig) -> None:
 
     Every option defaults to the key of the same name in the `standin` section of params.yaml.
     """
-    with writer_lock(cfg.output, f"standin output {cfg.output!r}"):
-        run(cfg)
+    run(cfg)

@@ -41,9 +41,8 @@ from typing import Annotated, Any, Literal
 
 from pairforge.pipeline.plumbing.config import PARAMS_FILE, ModelSpec, StageConfig
 from pairforge.pipeline.plumbing.fingerprint import fingerprint as run_fingerprint
-from pairforge.pipeline.plumbing.locks import writer_lock
-from pairforge.pipeline.plumbing.metrics import write_metrics
 from pairforge.pipeline.plumbing.stagedefs import StageDef
+from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.stages.options import stage_command
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic.fields import FieldInfo
@@ -180,36 +179,8 @@ STAGE = StageDef(
         "${train.demo_dir}",
     ),
     outputs=("output", "metrics", "plots", "reports"),
-    params=(
-        "model",
-        "objective",
-        "seed",
-        "batch_size",
-        "lr",
-        "weight_decay",
-        "schedule",
-        "warmup_steps",
-        "warmup_ratio",
-        "max_steps",
-        "epochs",
-        "max_length",
-        "max_grad_norm",
-        "precision",
-        "device",
-        "deterministic",
-        "buffer_size",
-        "save_every",
-        "keep_checkpoints",
-        "eval_every",
-        "eval_tasks",
-        "eval_max_pairs",
-        "eval_batch_size",
-        "sts_dir",
-        "eval_fallback",
-        "log_every",
-        "threads",
-        "recipes.${train.objective}",
-    ),
+    # The exact param is the recipe of the objective params.yaml names, not the others'.
+    param_paths={"recipes": "recipes.${train.objective}"},
     data_files=("train/st_pooling.py",),
     outs={
         "${train.metrics}": {"cache": False},
@@ -352,11 +323,9 @@ def run(
     """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
     from pairforge.pipeline.plumbing.errors import ConfigError, IncompleteDatasetError
     from pairforge.pipeline.science.sts import DEMO_TASKS, DEV_TASKS, TASKS
-    from pairforge.train import distributed as dist
     from pairforge.train.data import PairsSource
     from pairforge.train.loop import Trainer, quiet_transformers
     from pairforge.train.objectives import OBJECTIVES
-    from pairforge.train.training_report import plot_training, write_csv
 
     objective = cfg.objective
     if objective not in OBJECTIVES:
@@ -385,10 +354,21 @@ def run(
         ) from None
     settings = dev_sets(cfg, settings)
     out = Path(cfg.output) / objective
-    with quiet_transformers():
-        result = Trainer(
-            settings, cfg.input, out, fingerprint(cfg, settings, data_fingerprint), progress, hooks
-        ).run()
+    # One writer per model folder (rank 0 of torchrun: the ranks of one run are one writer).
+    with StageRun(STAGE, cfg, progress=progress, folders={out: "train output"}) as run:
+        fp = fingerprint(cfg, settings, data_fingerprint)
+        with quiet_transformers():
+            result = Trainer(settings, cfg.input, out, fp, progress, hooks).run()
+        return _write_outputs(run, settings, result)
+
+
+def _write_outputs(run: StageRun, settings, result: dict) -> dict:
+    """Rank 0 writes the training curves (CSV and figure) and the metrics; returns them ({} on
+    the other ranks). Every rank then leaves the process group."""
+    from pairforge.train import distributed as dist
+    from pairforge.train.training_report import plot_training, write_csv
+
+    cfg, objective = run.cfg, run.cfg.objective
     try:
         if not dist.is_main():
             return {}
@@ -409,9 +389,7 @@ def run(
             result["dev_history"],
             settings.eval_tasks,
         )
-        Path(cfg.metrics).parent.mkdir(parents=True, exist_ok=True)
-        write_metrics(cfg.metrics, metrics, STAGE.headlines)
-        return metrics
+        return run.finish(metrics)
     finally:
         # Under torchrun every rank leaves the group together, once rank 0 has written the
         # outputs above: a rank that left first would abort the other.
@@ -458,9 +436,7 @@ def command(
     """
     if params is None and profile is None and not Path(PARAMS_FILE).exists():
         cfg = _mined_encoder(cfg, given)
-    out = Path(cfg.output) / cfg.objective  # one writer per model folder (rank 0 of torchrun)
-    with writer_lock(out, f"train output {str(out)!r}"):
-        run(cfg, progress=progress, forced=given)
+    run(cfg, progress=progress, forced=given)
 
 
 def _mined_encoder(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:

@@ -195,7 +195,7 @@ class Tiny(StageConfig):
     size: int = 1
 
 
-TINY = StageDef(name="tiny", module=__name__, config=Tiny, inputs=(), outputs=(), params=())
+TINY = StageDef(name="tiny", module=__name__, config=Tiny, inputs=(), outputs=())
 
 
 def test_a_body_parameter_that_is_no_option_is_refused_at_import():

@@ -11,7 +11,7 @@ from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.stages.mine import torch_search
-from pairforge.stages.mine.searcher import IndexSettings, search_engine
+from pairforge.stages.mine.searcher import search_engine
 from pairforge.stages.mine.stage import MineConfig, run
 from pairforge.stages.mine.torch_search import TorchFlatIndex
 
@@ -85,8 +85,8 @@ def test_the_engine_is_chosen_as_configured(monkeypatch, tmp_path):
 
     monkeypatch.setattr(searcher, "NVIDIA_DEVICE", tmp_path / "no-nvidiactl")  # no GPU
     base = MineConfig(sentences="s", embeddings="e", output="o")
-    assert search_engine(IndexSettings.of(base)) == "faiss"
-    forced = IndexSettings.of(base.model_copy(update={"search_engine": "torch"}))
+    assert search_engine(base) == "faiss"
+    forced = base.model_copy(update={"search_engine": "torch"})
     assert search_engine(forced) == "torch"
     # A GPU torch sees but faiss cannot use: auto takes torch.
     import torch
@@ -95,8 +95,8 @@ def test_the_engine_is_chosen_as_configured(monkeypatch, tmp_path):
     monkeypatch.setattr(searcher, "gpu_available", lambda: False)
     (tmp_path / "nvidiactl").touch()
     monkeypatch.setattr(searcher, "NVIDIA_DEVICE", tmp_path / "nvidiactl")
-    assert search_engine(IndexSettings.of(base)) == "torch"
-    no_gpu = IndexSettings.of(base.model_copy(update={"use_gpu": "no"}))
+    assert search_engine(base) == "torch"
+    no_gpu = base.model_copy(update={"use_gpu": "no"})
     assert search_engine(no_gpu) == "faiss"
     assert torch_search.torch_device("auto") == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

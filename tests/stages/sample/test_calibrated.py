@@ -19,7 +19,7 @@ from pairforge.stages.sample.ipw import (
     positive_probs,
 )
 from pairforge.stages.sample.pairs import score_pools
-from pairforge.stages.sample.sampling import EDIT_INDEX, DrawParams, first_of_text, sample_shard
+from pairforge.stages.sample.sampling import EDIT_INDEX, first_of_text, sample_shard
 from pairforge.stages.sample.stage import SampleConfig
 
 # One pool of 8 with a known ordering: candidate j has edit j/10 and cosine 0.3 + j/20, so the
@@ -150,7 +150,7 @@ def test_a_repeated_text_is_one_candidate_drawn_no_more_often(ipw):
     drawn_a = 0
     trials = 300
     for seed in range(trials):
-        cfg = DrawParams.of(SampleConfig(m=2, m_positive=1, ipw=ipw, temperature=0.5, seed=seed))
+        cfg = SampleConfig(m=2, m_positive=1, ipw=ipw, temperature=0.5, seed=seed)
         table, counts, _ = sample_shard(pools, positives, corpus, ids, scorer, cfg, 0)
         row = table.to_pylist()[0]
         assert row["positive_pool_size"] == 3 and counts["repeated_positive_text"] == 2
@@ -163,9 +163,7 @@ def test_no_anchor_gets_the_same_text_twice():
     texts = ["x1 w2 w3 w4", "x1 w2 w3 w4", "w1 x2 w3 w4", "X1 w2 w3 w4", "w1 w2 x3 w4"]
     pools, positives, corpus, ids, scorer = _one_anchor_shard(texts)
     for seed in range(50):
-        cfg = DrawParams.of(
-            SampleConfig(m=2, m_positive=3, ipw="calibrated", temperature=0.5, seed=seed)
-        )
+        cfg = SampleConfig(m=2, m_positive=3, ipw="calibrated", temperature=0.5, seed=seed)
         row = sample_shard(pools, positives, corpus, ids, scorer, cfg, 0)[0].to_pylist()[0]
         got = [" ".join(t.lower().split()) for t in row[S.POSITIVE_TEXTS]]
         assert len(got) == 3 and len(set(got)) == 3
