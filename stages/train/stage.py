@@ -321,13 +321,21 @@ def run(
     hooks: dict | None = None,
 ) -> dict:
     """Train ``cfg.objective``; returns the metrics it also writes to ``cfg.metrics``."""
+    out = Path(cfg.output) / cfg.objective
+    # One writer per model folder, held before any work (rank 0 of torchrun: the ranks of one
+    # run are one writer).
+    with StageRun(STAGE, cfg, progress=progress, folders={out: "train output"}) as run:
+        return _train(run, out, forced, hooks)
+
+
+def _train(run: StageRun, out: Path, forced: frozenset[str], hooks: dict | None) -> dict:
     from pairforge.pipeline.plumbing.errors import ConfigError, IncompleteDatasetError
     from pairforge.pipeline.science.sts import DEMO_TASKS, DEV_TASKS, TASKS
     from pairforge.train.data import PairsSource
     from pairforge.train.loop import Trainer, quiet_transformers
     from pairforge.train.objectives import OBJECTIVES
 
-    objective = cfg.objective
+    cfg, progress, objective = run.cfg, run.progress, run.cfg.objective
     if objective not in OBJECTIVES:
         raise ConfigError(
             f"train.objective: unknown {objective!r}; known objectives: {', '.join(sorted(OBJECTIVES))}"
@@ -353,13 +361,10 @@ def run(
             "(or `dvc repro sample`)"
         ) from None
     settings = dev_sets(cfg, settings)
-    out = Path(cfg.output) / objective
-    # One writer per model folder (rank 0 of torchrun: the ranks of one run are one writer).
-    with StageRun(STAGE, cfg, progress=progress, folders={out: "train output"}) as run:
-        fp = fingerprint(cfg, settings, data_fingerprint)
-        with quiet_transformers():
-            result = Trainer(settings, cfg.input, out, fp, progress, hooks).run()
-        return _write_outputs(run, settings, result)
+    fp = fingerprint(cfg, settings, data_fingerprint)
+    with quiet_transformers():
+        result = Trainer(settings, cfg.input, out, fp, progress, hooks).run()
+    return _write_outputs(run, settings, result)
 
 
 def _write_outputs(run: StageRun, settings, result: dict) -> dict:

@@ -63,6 +63,11 @@ def _sentences(folder: Path, texts: list[list[str]]) -> None:
     writer.finalize(len(texts))
 
 
+def _held_here(folder: Path) -> list[str]:
+    """The lock files this process holds under ``folder`` (other tests' may be held too)."""
+    return [path for path in locks.held() if path.startswith(str(folder.resolve()))]
+
+
 def _run(cfg: Upper) -> dict:
     with StageRun(UPPER, cfg, progress=False) as run:
         source = run.input("input", S.SENTENCES)
@@ -127,7 +132,7 @@ def test_a_killed_run_resumes_only_its_unfinished_shards(tmp_path, monkeypatch):
         source = run.input("input", S.SENTENCES)
         writer = run.output("output", S.SENTENCES)
         run.map(dies_on_2, source, {"out": writer}, with_index=True)
-    assert sorted(CALLS) == [0, 1] and locks.held() == []
+    assert sorted(CALLS) == [0, 1] and _held_here(tmp_path) == []
     CALLS.clear()
     _run(Upper())
     assert CALLS == [2]
@@ -137,12 +142,12 @@ def test_a_killed_run_resumes_only_its_unfinished_shards(tmp_path, monkeypatch):
 def test_the_run_holds_its_folders_locked_from_its_start_to_its_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with StageRun(UPPER, Upper(), progress=False) as run:
-        held = locks.held()
+        held = _held_here(tmp_path)
         assert held == sorted(str(locks.lock_path(p).resolve()) for p in ("out", "model")), (
             "locked before any input is read"
         )
         assert run.folders == {"out": "dataset", "model": "upper output"}
-    assert locks.held() == []
+    assert _held_here(tmp_path) == []
 
     # Another process's lock is refused with the folder's label.
     import subprocess
@@ -163,7 +168,7 @@ def test_the_run_holds_its_folders_locked_from_its_start_to_its_end(tmp_path, mo
         refused = pytest.raises(DatasetLockedError, match=r"^upper output 'model': another writer")
         with refused, StageRun(UPPER, Upper(), progress=False):
             pass
-        assert locks.held() == []  # the lock taken before the refusal is released
+        assert _held_here(tmp_path) == []  # the lock taken before the refusal is released
     finally:
         holder.kill()
         holder.wait()
