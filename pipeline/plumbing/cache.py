@@ -16,8 +16,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,32 @@ from typing import Any
 from pairforge.pipeline.plumbing.shards import canonical_json
 
 _CHUNK = 500  # SQLite limits the number of host parameters per statement
+_TIMEOUT = 60.0  # seconds a process waits for another's write
+
+
+def _set_up(conn: sqlite3.Connection, table: str) -> None:
+    """WAL mode and the table, retried while another process holds the file: switching the
+    journal mode of a file that another connection is creating can fail at once with "database
+    is locked" (SQLite does not call its busy handler there), as two Dask workers opening a new
+    cache together showed."""
+    deadline = time.monotonic() + _TIMEOUT
+    wait = 0.01
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            conn.commit()
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() > deadline:
+                raise
+            conn.rollback()
+            time.sleep(wait * (1 + random.random()))
+            wait = min(wait * 2, 0.5)
 
 
 def cache_key(payload: dict[str, Any]) -> str:
@@ -53,13 +81,8 @@ class KeyValueCache:
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None or self._pid != os.getpid():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, timeout=60, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {self.table} (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-            )
-            conn.commit()
+            conn = sqlite3.connect(self.path, timeout=_TIMEOUT, check_same_thread=False)
+            _set_up(conn, self.table)
             self._conn, self._pid = conn, os.getpid()
         return self._conn
 
