@@ -167,40 +167,20 @@ class StageRun:
     def map(
         self,
         fn: ShardFn,
-        source: Dataset,
+        source: Dataset | Iterable[tuple[int, pa.Table]],
         outputs: dict[str, DatasetWriter],
         label: str | None = None,
         with_index: bool = False,
     ) -> list[dict[str, Any]]:
-        """Run ``fn`` over every shard of ``source`` that some output has not finished (on the
-        run's executor, with progress); returns the facts of the shards computed now."""
+        """Run ``fn`` on the run's executor, with progress, over every shard of ``source`` that
+        some output has not finished: a dataset (``map_shards``), or the ``(index, table)`` pairs
+        a reader yields for the unfinished indexes only (``map_tables``: reading overlaps
+        computing). Returns the facts of the shards computed now."""
         facts: list[dict[str, Any]] = []
-        map_shards(
+        mapper = map_shards if isinstance(source, Dataset) else map_tables
+        mapper(
             fn,
             source,
-            outputs,
-            self.executor,
-            label or self.stage.name,
-            self.progress,
-            with_index=with_index,
-            facts=facts,
-        )
-        return facts
-
-    def map_tables(
-        self,
-        fn: ShardFn,
-        tables: Iterable[tuple[int, pa.Table]],
-        outputs: dict[str, DatasetWriter],
-        label: str | None = None,
-        with_index: bool = False,
-    ) -> list[dict[str, Any]]:
-        """:meth:`map` over tables a reader yields (``(index, table)`` for unfinished indexes
-        only), so reading overlaps computing."""
-        facts: list[dict[str, Any]] = []
-        map_tables(
-            fn,
-            tables,
             outputs,
             self.executor,
             label or self.stage.name,

@@ -407,7 +407,7 @@ def run(cfg: IngestConfig, executor: Executor | None = None, progress: bool = Tr
             if not (clean.complete and rejected.complete):
                 rows_by_file: dict[str, int] = {}
                 chunks = _raw_chunks(cfg, files, list(outputs.values()), n_chunks, rows_by_file)
-                run.map_tables(_clean_fn(cfg), chunks, outputs, "ingest/read+clean")
+                run.map(_clean_fn(cfg), chunks, outputs, "ingest/read+clean")
                 _check_rows_read(files, rows_by_file)
                 log.info(
                     "ingest/read+clean: cleaned %d of %d chunks; %d were already finished",

@@ -611,9 +611,7 @@ def _open_searcher(
     # as it goes (stages/mine/index.py), so a million sentences do not hold 1.43 GiB resident.
     mapped = spill_vectors(embeddings, ids, Path(cfg.output) / "_work")
     vectors = mapped.array
-    index, facts = open_index(
-        vectors, Path(cfg.output) / "_work", cfg, mapped.release, mapped.take
-    )
+    index, facts = open_index(vectors, Path(cfg.output) / "_work", cfg, mapped.release, mapped.take)
     log.info(
         "mine: %s index over %d x %d vectors (%.1fs)",
         facts["kind"],
@@ -697,7 +695,7 @@ def _mine_shards(
         (i, _anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
     )
     try:
-        shard_facts = run.map_tables(fn, anchors, {"pools": writer}, with_index=True)
+        shard_facts = run.map(fn, anchors, {"pools": writer}, with_index=True)
     finally:
         with _STATE_LOCK:
             _STATE.pop(key, None)

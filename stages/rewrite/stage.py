@@ -164,7 +164,7 @@ def run(cfg: RewriteConfig, executor: Executor | None = None, progress: bool = T
                 )
                 outputs = {"rewrites": rewrites, "rejected": quarantine}
                 todo = pending(outputs, len(sentences))
-                run.map_tables(fn, _tables(cfg, sentences, outputs), outputs)
+                run.map(fn, _tables(cfg, sentences, outputs), outputs)
                 this_run = run.totals(rewrites, todo)
                 extra = {
                     "counts": run.totals(rewrites),
