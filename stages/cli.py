@@ -25,10 +25,10 @@ from typer.core import TyperGroup
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 # command -> (module, attribute). A function becomes a command; a ``typer.Typer`` a group.
-# Pipeline order, which is also the order of the help listing: every declared stage
+# Pipeline order, which is also the order of the help listing: init (a project), every declared stage
 # (stages/__init__.py), export beside the report (it lays out sample's pairs for other tools),
 # then the commands that are no stage.
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {"init": ("pairforge.stages.init", "command")}
 for _name in STAGES:
     COMMANDS[_name] = (stage_module(_name), "command")
     if _name == "report":

@@ -139,7 +139,8 @@ def test_the_check_fails_on_a_stale_dvc_yaml(tmp_path):
     """`pairforge dvc-yaml --check` exits 1 on a hand edit and 0 once the file is written again."""
     path = tmp_path / "dvc.yaml"
     path.write_text((ROOT / "dvc.yaml").read_text().replace("- mine.k\n", ""))
-    run = [sys.executable, "-m", "pairforge.stages.cli", "dvc-yaml", "--path", str(path)]
+    run = [sys.executable, "-m", "pairforge.stages.cli", "dvc-yaml", "--path", str(path), "--code",
+           "files"]  # fmt: skip
     stale = subprocess.run([*run, "--check"], capture_output=True, text=True)
     assert stale.returncode == 1 and "run `pairforge dvc-yaml`" in stale.stderr, stale.stderr
     assert subprocess.run(run, capture_output=True).returncode == 0

@@ -406,6 +406,7 @@ def _write_result(
     ``encoder/`` is written only when the backbone trained; otherwise it is the input model.
     """
     model = model.to("cpu")
+    output.mkdir(parents=True, exist_ok=True)  # no checkpoint nor encoder/ may have made it
     final = output / ENCODER_DIR
     shutil.rmtree(final, ignore_errors=True)
     if settings.train_backbone:

@@ -143,3 +143,14 @@ def test_bad_config_and_missing_input_are_one_line_errors(project, tmp_path):
     params.write_text(yaml.safe_dump({"pretrain": missing}))
     result = runner.invoke(app, ["pretrain", "--params", str(params)])
     assert result.exit_code == 1 and "the folder does not exist" in result.output
+
+
+def test_a_run_that_makes_no_checkpoint_writes_into_a_folder_not_yet_there(project):
+    """steps <= checkpoint_every and the backbone frozen (the demo profile's): neither a
+    checkpoint nor encoder/ makes the output's folder first, and a project just made by
+    `pairforge init` has no models/ folder."""
+    out = project / "fresh/models/aux"
+    cfg = config(project, output=str(out), steps=2, checkpoint_every=2, train_backbone=False)
+    result = run(cfg, progress=False)
+    assert result["steps"] == 2
+    assert (out / AUX_MANIFEST).exists() and (out / "history.json").exists()
