@@ -52,7 +52,7 @@ def _type(text: str) -> str:
     return re.sub(r"<\w+: ", "<", text).replace(" not null", "")
 
 
-def _check_shard(folder: Path, shard: dict[str, Any], fields: list[dict], stage: str) -> list[str]:
+def _check_shard(folder: Any, shard: dict[str, Any], fields: list[dict], stage: str) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import xxhash
@@ -92,8 +92,9 @@ def verify_dataset(path: str | Path) -> VerifyReport:
     """Check every shard of the dataset at ``path``; problems are one line each."""
     from pairforge.pipeline.plumbing.errors import PairforgeError
     from pairforge.pipeline.plumbing.shards import DATA_DIR, read_manifest
+    from pairforge.pipeline.plumbing.storage import dataset_path
 
-    folder = Path(path)
+    folder = dataset_path(path)
     report = VerifyReport(str(path))
     start = time.perf_counter()
     try:
@@ -124,7 +125,8 @@ def verify_dataset(path: str | Path) -> VerifyReport:
 
 def command(
     datasets: Annotated[
-        list[str], typer.Argument(help="Dataset folders (each with a _manifest.json).")
+        list[str],
+        typer.Argument(help="Dataset folders (each with a _manifest.json), local or fsspec URLs."),
     ],
 ) -> None:
     """Check datasets against their manifests: every shard's size, sha256, xxh3_128, schema and

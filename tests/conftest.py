@@ -1,4 +1,4 @@
-"""Shared fixtures: the shared data folder, the tiny models, and helpers to run the CLI as users
+"""Shared fixtures: the shared data folder, the tiny models, a local S3 server, and helpers to run the CLI as users
 do."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.s3 import bucket, s3_server  # noqa: F401 (a local S3 server, once per run)
 
 # Registered here, once for the whole run, so that each tiny model is built once per run
 # whatever folders are selected; no folder conftest imports them again.

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 import torch
 from pairforge.pipeline.plumbing.errors import PairforgeError
 from pairforge.pipeline.plumbing.shards import read_manifest, verified_shard_path
+from pairforge.pipeline.plumbing.storage import dataset_path
 
 TEXT_KIND = "text"
 LIST_KIND = "list"
@@ -56,7 +57,7 @@ class PairsSource:
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = dataset_path(path)  # a local folder or a store's URL (read from its cache)
         self.manifest = read_manifest(self.path)
         self.files = [
             ShardFile(self.path / shard["file"], int(shard["rows"]))

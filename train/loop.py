@@ -33,6 +33,7 @@ import torch
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
 from pairforge.pipeline.plumbing.progress import _fmt_duration
 from pairforge.pipeline.plumbing.shards import atomic_write_json
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science import sts
 from pairforge.pipeline.science.models import (
     EXPORT_INFO,
@@ -203,7 +204,7 @@ class Trainer:
         hooks: dict[str, Hook] | None = None,
     ) -> None:
         self.settings = settings
-        self.data = Path(data)
+        self.data = dataset_path(data)  # a local folder or a store's URL
         self.out = Path(out)
         self.fingerprint = fingerprint
         self.progress = progress

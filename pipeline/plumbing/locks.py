@@ -7,6 +7,12 @@ took it (pid, host, start time, command) so that a refused writer can name the h
 file whose ``flock`` is free was left by a process that is gone (killed, crashed): it is stale
 and taken over with a warning.
 
+On a store (``pipeline/plumbing/storage.py``) the lock is an object created only if absent
+(S3's ``If-None-Match: *``) holding the same record; a store that cannot create so is refused,
+one line. Nothing drops it when its process dies: a lock left by a process of this host that is
+gone is taken over with a warning; one of another host is named with the command that
+removes it.
+
 Locks are per process and re-entrant: a second ``acquire`` of a lock this process holds only
 counts; the lock is released (file removed) when the count drops to zero, and every lock still
 held is released when the process exits, on an error too.
@@ -28,7 +34,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pairforge.pipeline.plumbing.errors import DatasetLockedError
+from pairforge.pipeline.plumbing.errors import DatasetLockedError, PairforgeError
+from pairforge.pipeline.plumbing.storage import RemotePath, dataset_path
 
 # Plumbing: no stage's output depends on this module, so it is no stage's code (its edits rerun
 # nothing): pipeline/plumbing/stagedefs.py.
@@ -36,13 +43,14 @@ CHANGES_NO_OUTPUT = True
 
 log = logging.getLogger("pairforge")
 
-_held: dict[str, list[int]] = {}  # resolved lock path -> [fd, count]
+_held: dict[str, list[int]] = {}  # resolved lock path -> [fd, count]; fd -1: a store's lock
+_objects: dict[str, RemotePath] = {}  # a store's lock key -> its object
 _guard = threading.Lock()
 
 
-def lock_path(output: str | Path) -> Path:
+def lock_path(output: str | Path | RemotePath) -> Path | RemotePath:
     """The lock file of an output folder: ``<parent>/.<name>.lock``."""
-    output = Path(output)
+    output = dataset_path(output)
     return output.parent / f".{output.name}.lock"
 
 
@@ -91,6 +99,8 @@ def acquire(output: str | Path, label: str | None = None) -> Path:
     """
     path = lock_path(output)
     label = label or str(output)
+    if isinstance(path, RemotePath):
+        return _acquire_object(path, label)
     path.parent.mkdir(parents=True, exist_ok=True)
     key = str(path.resolve())
     with _guard:
@@ -126,12 +136,7 @@ def acquire(output: str | Path, label: str | None = None) -> Path:
             log.warning(
                 "%s: taking over a stale lock (%s; that process %s)", label, _describe(stale), gone
             )
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": _command(),
-        }
+        record = _record()
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, (json.dumps(record, sort_keys=True) + "\n").encode())
@@ -139,7 +144,59 @@ def acquire(output: str | Path, label: str | None = None) -> Path:
     return path
 
 
-def release(output: str | Path) -> None:
+def _record() -> dict:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": _command(),
+    }
+
+
+def _acquire_object(path: RemotePath, label: str) -> RemotePath:
+    """A store's writer lock: an object created only if absent (the module docstring)."""
+    key = str(path)
+    with _guard:
+        if key in _held:
+            _held[key][1] += 1
+            return path
+        for _ in range(3):
+            try:
+                created = path.create((json.dumps(_record(), sort_keys=True) + "\n").encode())
+            except NotImplementedError:
+                raise PairforgeError(
+                    f"{label}: the store of {path} cannot create an object only if it is absent, "
+                    "which the writer lock needs; write the dataset to a local folder or to a "
+                    "store that can (S3 and its compatibles)"
+                ) from None
+            if created:
+                _held[key] = [-1, 1]
+                _objects[key] = path
+                return path
+            try:
+                holder = json.loads(path.read_text())
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if holder.get("host") == socket.gethostname() and not _pid_alive(holder.get("pid")):
+                log.warning(
+                    "%s: taking over a stale lock (%s; that process is gone)",
+                    label,
+                    _describe(holder),
+                )
+                path.unlink(missing_ok=True)
+                continue
+            raise DatasetLockedError(
+                f"{label}: another writer holds it ({_describe(holder)}); wait for it to finish "
+                f"or stop it (lock object {path}; if that writer is gone, remove it: "
+                f"`python -c \"import fsspec; fsspec.url_to_fs('{path}')[0].rm_file('{path}')\"`)"
+            )
+        raise DatasetLockedError(f"{label}: the lock object {path} kept changing; try again")
+
+
+def release(output: str | Path | RemotePath) -> None:
     """Drop one count of this process's lock on ``output``; the last one removes the file."""
     path = lock_path(output)
     key = str(path.resolve())
@@ -151,6 +208,9 @@ def release(output: str | Path) -> None:
         if entry[1] > 0:
             return
         del _held[key]
+        if entry[0] == -1:
+            _objects.pop(key).unlink(missing_ok=True)
+            return
         # Remove while still holding the flock, so the next writer finds no stale file.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -163,6 +223,10 @@ def release_all() -> None:
         held = list(_held.items())
         _held.clear()
     for key, (fd, _) in held:
+        if fd == -1:
+            with contextlib.suppress(Exception):  # at exit: a store that is gone is no error
+                _objects.pop(key).unlink(missing_ok=True)
+            continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(key)
         os.close(fd)

@@ -23,7 +23,6 @@ import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ from pairforge.pipeline.plumbing.shards import (
     ShardSource,
     write_shard,
 )
+from pairforge.pipeline.plumbing.storage import dataset_path
 
 log = logging.getLogger("pairforge")
 
@@ -244,7 +244,13 @@ def _run_job(fn: ShardFn, job: _Job) -> tuple[int, int, dict[str, ShardInfo], di
     infos = {}
     for name, (folder, spec, label, options) in job.outputs.items():
         infos[name] = write_shard(
-            Path(folder), job.index, result.tables[name], spec, label, result.counts, **options
+            dataset_path(folder),
+            job.index,
+            result.tables[name],
+            spec,
+            label,
+            result.counts,
+            **options,
         )
     return job.index, table.num_rows, infos, result.facts
 

@@ -34,7 +34,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -53,6 +52,7 @@ from pairforge.pipeline.plumbing.errors import (
     IncompleteDatasetError,
 )
 from pairforge.pipeline.plumbing.schemas import SchemaError, SchemaSpec, check_arrow_schema
+from pairforge.pipeline.plumbing.storage import RemotePath, dataset_path, remove_tree
 from pairforge.pipeline.plumbing.version import code_version
 
 if TYPE_CHECKING:
@@ -85,9 +85,9 @@ def shard_file(index: int) -> str:
     return f"{DATA_DIR}/{shard_name(index)}"
 
 
-def run_info_path(folder: str | Path) -> Path:
+def run_info_path(folder: str | Path | RemotePath) -> Path | RemotePath:
     """The sidecar with the run-specific facts of a dataset: ``<parent>/.<name>.run.json``."""
-    folder = Path(folder)
+    folder = dataset_path(folder)
     return folder.parent / f".{folder.name}.run.json"
 
 
@@ -106,8 +106,12 @@ def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
 
     ``durable`` fsyncs before the rename (survives power loss); without it the write still
-    survives a killed process, which is all that scratch data needs.
+    survives a killed process, which is all that scratch data needs. On a store
+    (``pipeline/plumbing/storage.py``) one PUT is atomic already.
     """
+    if isinstance(path, RemotePath):
+        path.write_bytes(bytes(data))
+        return
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with _named_on_failure(path, tmp), open(tmp, "wb") as fh:
         fh.write(data)
@@ -238,7 +242,7 @@ def write_shard(
     (folder / DATA_DIR).mkdir(parents=True, exist_ok=True)
     (folder / PROGRESS).mkdir(exist_ok=True)
     final = folder / shard_file(index)
-    if table.nbytes <= IN_MEMORY_SHARD_BYTES:
+    if table.nbytes <= IN_MEMORY_SHARD_BYTES or isinstance(folder, RemotePath):
         # Encode in memory: the checksums are taken from the bytes, not from a re-read.
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, compression=compression, row_group_size=row_group_size)
@@ -288,7 +292,7 @@ class DatasetWriter:
         name: str | None = None,
         scratch: bool = False,
     ) -> None:
-        self.path = Path(path)
+        self.path = dataset_path(path)
         self.spec = spec
         # A declared stage's datasets name its code; a bare name (a test's) hashes pipeline/.
         self.declaration = stage
@@ -330,7 +334,7 @@ class DatasetWriter:
         if manifest.exists():
             found = json.loads(manifest.read_text())
             if found.get("fingerprint") == self.fingerprint:
-                shutil.rmtree(self.progress_dir, ignore_errors=True)
+                remove_tree(self.progress_dir)
                 return True
             self._clear()
         run_file = self.progress_dir / RUN_FILE
@@ -348,7 +352,10 @@ class DatasetWriter:
         return False
 
     def _remove_temporaries(self) -> None:
-        """Half-written files of a killed run (their final names were never taken)."""
+        """Half-written files of a killed run (their final names were never taken; a store has
+        none: its writes are single PUTs)."""
+        if isinstance(self.path, RemotePath):
+            return
         for folder in (self.path, self.path / DATA_DIR, self.progress_dir):
             if folder.is_dir():
                 for tmp in folder.glob(".*.tmp-*"):
@@ -366,7 +373,7 @@ class DatasetWriter:
             if not owned:
                 continue
             if child.is_dir():
-                shutil.rmtree(child)
+                remove_tree(child)
             else:
                 child.unlink()
 
@@ -460,7 +467,7 @@ class DatasetWriter:
         if not self.scratch:
             atomic_write_json(run_info_path(self.path), self._run_facts())
         atomic_write_json(self.path / MANIFEST, manifest)
-        shutil.rmtree(self.progress_dir, ignore_errors=True)
+        remove_tree(self.progress_dir)
         self.complete = True
         self.close()
         return manifest
@@ -476,12 +483,26 @@ def portable(value: Any, dataset: Path) -> Any:
     if isinstance(value, (list, tuple)):
         return [portable(v, dataset) for v in value]
     if isinstance(value, str) and os.path.isabs(value):
-        return os.path.relpath(value, os.path.abspath(dataset))
+        # A dataset on a store: relative to the project (the folder the stage runs in).
+        base = os.getcwd() if isinstance(dataset, RemotePath) else os.path.abspath(dataset)
+        return os.path.relpath(value, base)
     return value
 
 
-def read_manifest(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+def work_folder(output: str | Path | RemotePath) -> Path:
+    """A stage's local scratch folder for the dataset ``output``: ``<output>/_work`` (which a
+    changed fingerprint clears with the rest), or for a dataset on a store a folder of the local
+    cache named by its URL: scratch (spilled vectors, a saved index, ingest's chunks) is never
+    written to a store."""
+    path = dataset_path(output)
+    if isinstance(path, RemotePath):
+        name = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+        return shard_cache().parent / "work" / f"{path.name}-{name}"
+    return path / "_work"
+
+
+def read_manifest(path: str | Path | RemotePath) -> dict[str, Any]:
+    path = dataset_path(path)
     manifest = path / MANIFEST
     if not manifest.exists():
         if (path / PROGRESS).exists():
@@ -612,12 +633,15 @@ def _check_digest(shard: dict, algorithm: str, digest: str, label: str, stage: s
 
 
 def verified_shard_path(
-    folder: str | Path, shard: dict[str, Any], label: str, stage: str | None = None
+    folder: str | Path | RemotePath, shard: dict[str, Any], label: str, stage: str | None = None
 ) -> Path:
     """The path of a manifest ``shard`` of the dataset at ``folder``, after checking its size and
     checksum (streamed, once per process). For readers that stream a shard row group by row
-    group; everything else reads through :func:`read_verified_shard`."""
-    folder = Path(folder)
+    group; everything else reads through :func:`read_verified_shard`. A shard on a store is
+    fetched into the local shard cache first (:func:`_cached_copy`)."""
+    folder = dataset_path(folder)
+    if isinstance(folder, RemotePath):
+        return _cached_copy(folder, shard, label, stage)
     file = _shard_file(folder, shard, label, stage)
     algorithm, expected = _expected_checksum(shard)
     identity = _identity(file, expected)
@@ -635,8 +659,40 @@ def verified_shard_path(
     return file
 
 
+def shard_cache() -> Path:
+    """Where shards read from a store are kept for streaming readers: ``$PAIRFORGE_CACHE/shards``
+    (default ``~/.cache/pairforge/shards``), one file per checksum."""
+    root = os.environ.get("PAIRFORGE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pairforge"
+    )
+    return Path(root) / "shards"
+
+
+def _cached_copy(folder: RemotePath, shard: dict[str, Any], label: str, stage: str | None) -> Path:
+    """A verified local copy of a store's shard (fetched once per checksum; a copy that no longer
+    matches its checksum is fetched again)."""
+    algorithm, expected = _expected_checksum(shard)
+    local = shard_cache() / f"{algorithm}-{expected}.parquet"
+    if local.is_file():
+        digest = _hasher(algorithm)
+        digest.update(local.read_bytes())
+        if digest.hexdigest() == expected:
+            return local
+    file = _shard_file(folder, shard, label, stage)
+    data = file.read_bytes()
+    _check_size(file, shard, len(data), label, stage)
+    start = time.perf_counter()
+    digest = _hasher(algorithm)
+    digest.update(data)
+    _count(len(data), time.perf_counter() - start)
+    _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(local, data, durable=False)
+    return local
+
+
 def read_verified_shard(
-    folder: str | Path,
+    folder: str | Path | RemotePath,
     shard: dict[str, Any],
     label: str,
     stage: str | None = None,
@@ -646,14 +702,16 @@ def read_verified_shard(
     """Read one manifest ``shard`` of the dataset at ``folder``: the file's bytes are hashed as
     they are read into memory and decoded from that buffer (one pass over the file); a size or
     checksum that differs from the manifest, a file that does not decode, or a row count that
-    differs is one :class:`CorruptShardError` line naming the dataset, the shard and the fix."""
-    folder = Path(folder)
+    differs is one :class:`CorruptShardError` line naming the dataset, the shard and the fix.
+    A shard on a store is fetched and hashed on every read (there is no file identity to trust)."""
+    folder = dataset_path(folder)
     file = _shard_file(folder, shard, label, stage)
     algorithm, expected = _expected_checksum(shard)
-    identity = _identity(file, expected)
+    remote = isinstance(file, RemotePath)
+    identity = None if remote else _identity(file, expected)
     source: Any = file
-    if identity not in _verified:
-        _check_size(file, shard, identity[3], label, stage)
+    if identity is None or identity not in _verified:
+        _check_size(file, shard, file.size() if remote else identity[3], label, stage)
         data = file.read_bytes()
         _check_size(file, shard, len(data), label, stage)
         start = time.perf_counter()
@@ -677,7 +735,8 @@ def read_verified_shard(
             f"{label}: shard {shard['file']} has {table.num_rows} rows, {shard['rows']} in the "
             f"manifest; {_remedy(stage)}"
         )
-    _remember(identity)
+    if identity is not None:
+        _remember(identity)
     return table
 
 
@@ -763,9 +822,9 @@ class Dataset:
             self.shard_path(index)
 
 
-def open_dataset(path: str | Path, spec: SchemaSpec, verify: bool = False) -> Dataset:
+def open_dataset(path: str | Path | RemotePath, spec: SchemaSpec, verify: bool = False) -> Dataset:
     """Open a complete dataset, checking its schema name and version against ``spec``."""
-    path = Path(path)
+    path = dataset_path(path)
     manifest = read_manifest(path)
     found = manifest.get("schema", {})
     if found.get("name") != spec.name or found.get("version") != spec.version:

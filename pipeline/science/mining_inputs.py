@@ -30,6 +30,7 @@ from pairforge.pipeline.plumbing.shards import (
     open_dataset,
     read_manifest,
 )
+from pairforge.pipeline.plumbing.storage import dataset_path
 
 log = logging.getLogger("pairforge")
 
@@ -389,7 +390,7 @@ def own_augmentations(
     empty = (np.empty(0, np.int64), pa.array([], pa.string()))
     if path is None:
         return *empty, {"status": "disabled", "rows": 0}
-    if not Path(path).exists():
+    if not dataset_path(path).exists():
         log.warning("mine: no %s dataset at %s: own augmentations cannot be excluded", name, path)
         return *empty, {"status": "absent", "rows": 0}
     dataset = open_dataset(path, S.CANDIDATES)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from pathlib import Path
 from typing import Literal
 
 from pairforge.pipeline.plumbing import schemas as S
@@ -26,6 +25,7 @@ from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.pipeline.plumbing.runner import Executor
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.models.apertium import is_apertium_spec
 from pairforge.pipeline.science.models.files import (
     ModelRef,
@@ -307,7 +307,7 @@ def run(cfg: BacktranslateConfig, executor: Executor | None = None, progress: bo
             writer.finalize(
                 len(sentences), extra=_manifest_extra(cfg, refs, settings, vocabulary, counts)
             )
-        manifest = json.loads((Path(cfg.output) / "_manifest.json").read_text())
+        manifest = json.loads((dataset_path(cfg.output) / "_manifest.json").read_text())
         routes = [r.name for r in cfg.routes]
         metrics = run.finish(summarize(cfg.output, routes, manifest, conversions))
         plot_edit_ratio(cfg.output, routes, cfg.plot)

@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
@@ -42,6 +41,7 @@ from pairforge.pipeline.plumbing.shards import (
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.mining_inputs import (
     ENCODER_KEY,
     VECTOR_ROW_GROUP,
@@ -186,7 +186,7 @@ def _open_augmentations(name: str, path_or_none: str | None) -> tuple[Dataset | 
     """An augmentations dataset (``candidates`` schema) to embed, and its status."""
     if path_or_none is None:
         return None, "disabled"
-    path = Path(path_or_none)
+    path = dataset_path(path_or_none)
     if not path.exists():
         log.warning(
             "embed: no %s dataset at %s (run the augment stages first): it is not embedded, "
@@ -393,7 +393,7 @@ def drop_run_state(key: str) -> None:
 
 def _finished(path: str, fp: str) -> dict[str, Any] | None:
     """The manifest of ``path`` when it is complete with fingerprint ``fp``."""
-    manifest = Path(path) / MANIFEST
+    manifest = dataset_path(path) / MANIFEST
     if manifest.exists():
         import json
 

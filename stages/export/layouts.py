@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_bytes
+from pairforge.pipeline.plumbing.storage import RemotePath
 from pairforge.pipeline.science.dataset_card import front_matter, hub_license, hub_metadata
 
 CARD = "README.md"
@@ -81,9 +82,10 @@ def export_table(table: pa.Table, fmt: ExportFormat, m: int) -> tuple[pa.Table, 
 
 
 def write_export(
-    shards: list[pa.Table], out: Path, fmt: ExportFormat, m: int, card: dict[str, Any]
+    shards: list[pa.Table], out: Path | RemotePath, fmt: ExportFormat, m: int, card: dict[str, Any]
 ) -> dict[str, int]:
-    """Write ``shards`` of ``pairs`` exported to ``fmt`` under ``out`` (Hub layout); totals."""
+    """Write ``shards`` of ``pairs`` exported to ``fmt`` under ``out`` (Hub layout; a local
+    folder or a store's URL, ``pipeline/plumbing/storage.py``); returns the totals."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     for old in data.glob("train-*.parquet"):
@@ -92,12 +94,13 @@ def write_export(
     n = len(shards)
     for i, shard in enumerate(shards):
         table, counts = export_table(shard, fmt, m)
-        tmp = data / f".train-{i:05d}.tmp"
-        pq.write_table(table, tmp, compression="zstd")
-        tmp.replace(data / f"train-{i:05d}-of-{n:05d}.parquet")
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="zstd")
+        atomic_write_bytes(data / f"train-{i:05d}-of-{n:05d}.parquet", sink.getvalue())
         for key, value in counts.items():
             totals[key] = totals.get(key, 0) + value
-    apply_umask(data)
+    if not isinstance(out, RemotePath):
+        apply_umask(data)
     text = export_card(fmt, m, totals, {"path": str(out), **card})
     atomic_write_bytes(out / CARD, text.encode())
     return totals

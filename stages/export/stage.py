@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,6 +11,7 @@ from pairforge.pipeline.plumbing.config import params_source
 from pairforge.pipeline.plumbing.errors import ConfigError
 from pairforge.pipeline.plumbing.locks import writer_lock
 from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.stages.options import ParamsOpt, cli_errors
 
 
@@ -60,7 +60,7 @@ def command(
     with writer_lock(output, f"export output {output!r}"):
         totals = write_export(
             list(ds.iter_shards([S.TEXT, S.POSITIVE_TEXTS, S.NEGATIVE_TEXTS])),
-            Path(output),
+            dataset_path(output),
             format,  # type: ignore[arg-type]
             m,
             {

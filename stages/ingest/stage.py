@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shutil
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -33,9 +32,11 @@ from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
+    work_folder,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pairforge.pipeline.science.text import char_counts, normalize, sentence_ids, word_counts
 from pairforge.stages.options import executor, stage_command
@@ -388,10 +389,10 @@ def run(cfg: IngestConfig, executor: Executor | None = None, progress: bool = Tr
     with StageRun(STAGE, cfg, executor, progress) as run:
         files = resolve_inputs([os.path.join(cfg.root, p) for p in cfg.inputs], cfg.format)
         run.depend("files", [[f.path, f.format, f.size, f.mtime_ns] for f in files])
-        out = Path(cfg.output)
+        out = dataset_path(cfg.output)
         sentences = run.output("output", S.SENTENCES, rows_per_shard=cfg.rows_per_shard)
         quarantine = run.output("quarantine", S.QUARANTINE)
-        work = out / "_work"
+        work = work_folder(cfg.output)
         if not (sentences.complete and quarantine.complete):
             # The read+clean step's scratch datasets, regrouped by the dedup step (the prepare
             # step of this stage: an output shard is no function of one input chunk).

@@ -41,9 +41,10 @@ from pairforge.pipeline.plumbing.runner import (
     ShardResult,
     pending,
 )
-from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset
+from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset, work_folder
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.mining_inputs import (
     VECTOR_FILE,
     ArrowTexts,
@@ -280,7 +281,7 @@ def pools_table(
 def _open_augmentations(path: str | None) -> Dataset | None:
     """An own-augmentations dataset (``candidates`` schema, checked here), None when disabled or
     absent."""
-    return open_dataset(path, S.CANDIDATES) if path and Path(path).exists() else None
+    return open_dataset(path, S.CANDIDATES) if path and dataset_path(path).exists() else None
 
 
 def _write_search_index(index, path: Path) -> None:
@@ -609,9 +610,9 @@ def _open_searcher(
 
     # The corpus's vectors go to <output>/_work, mapped: every pass over them releases its pages
     # as it goes (stages/mine/index.py), so a million sentences do not hold 1.43 GiB resident.
-    mapped = spill_vectors(embeddings, ids, Path(cfg.output) / "_work")
+    mapped = spill_vectors(embeddings, ids, work_folder(cfg.output))
     vectors = mapped.array
-    index, facts = open_index(vectors, Path(cfg.output) / "_work", cfg, mapped.release, mapped.take)
+    index, facts = open_index(vectors, work_folder(cfg.output), cfg, mapped.release, mapped.take)
     log.info(
         "mine: %s index over %d x %d vectors (%.1fs)",
         facts["kind"],
@@ -683,7 +684,7 @@ def _mine_shards(
     in_process = isinstance(run.executor, LocalExecutor)
     key = f"{corpus.fingerprint}:{cfg.threads}:{cfg.query_batch}"
     # Absolute: a worker of a --scheduler cluster may run in another folder.
-    index_path = (Path(cfg.output) / "_work" / SEARCH_FILE).resolve()
+    index_path = (work_folder(cfg.output) / SEARCH_FILE).resolve()
     if not in_process:
         _write_search_index(index, index_path)
     state = {"searcher": searcher, "texts": corpus.texts, "ids": corpus.ids} if in_process else None
@@ -718,7 +719,7 @@ def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts
         "band_sample": {k: np.asarray(v).tolist() for k, v in facts.coverage_sample.items()},
     }
     manifest = writer.finalize(shards, extra={"index": stable, **made} if stable else made)
-    shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)  # the saved index: done with it
+    shutil.rmtree(work_folder(cfg.output), ignore_errors=True)  # the saved index: done with it
     return manifest
 
 

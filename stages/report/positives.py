@@ -19,13 +19,14 @@ import numpy as np
 import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.shards import open_dataset
+from pairforge.pipeline.plumbing.storage import dataset_path
 
 QUANTILES = (0.1, 0.5, 0.9)
 
 
 def source_label(path: str) -> str:
     """What made a candidates dataset: its engine, ``stand-in`` when its manifest says so."""
-    manifest = json.loads((Path(path) / "_manifest.json").read_text())
+    manifest = json.loads((dataset_path(path) / "_manifest.json").read_text())
     if manifest.get("standin"):
         return "stand-in"
     return str((manifest.get("engine") or {}).get("engine", "unknown"))

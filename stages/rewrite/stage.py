@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Literal
 
 from pairforge.pipeline.plumbing import schemas as S
@@ -33,6 +32,7 @@ from pairforge.pipeline.plumbing.shards import (
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.stages.options import executor, stage_command
 from pairforge.stages.rewrite.llm import REASONS, ChatClient, ChatSettings, Validation
 from pairforge.stages.rewrite.rewriting import rewrite_shard
@@ -174,7 +174,7 @@ def run(cfg: RewriteConfig, executor: Executor | None = None, progress: bool = T
                 }
                 rewrites.finalize(len(sentences), extra=extra)
                 quarantine.finalize(len(sentences), extra=extra)
-        manifest = json.loads((Path(cfg.output) / MANIFEST).read_text())
+        manifest = json.loads((dataset_path(cfg.output) / MANIFEST).read_text())
         metrics = run.finish(_metrics(cfg, manifest))
         seconds = run.seconds
     if cfg.enabled:

@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +21,7 @@ from pairforge.pipeline.plumbing.errors import (
     PairforgeError,
 )
 from pairforge.pipeline.plumbing.shards import Dataset, open_dataset
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.mining_inputs import (
     ArrowTexts,
     MappedVectors,
@@ -397,7 +397,7 @@ def _read_source(
     for the metrics, and the two datasets read (None when absent, disabled or not needed)."""
     if source.path is None:
         return [], {"status": "disabled", "rows": 0}, None, None
-    if not Path(source.path).exists():
+    if not dataset_path(source.path).exists():
         log.warning("sample: no %s dataset at %s: no positives from it", source.name, source.path)
         return [], {"status": "absent", "rows": 0}, None, None
     candidates = open_dataset(source.path, S.CANDIDATES)  # a schema mismatch says so here

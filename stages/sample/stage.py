@@ -54,9 +54,11 @@ from pairforge.pipeline.plumbing.shards import (
     DatasetWriter,
     atomic_write_bytes,
     open_dataset,
+    work_folder,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
+from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science.dataset_card import (
     CARD,
     distribution,
@@ -280,8 +282,8 @@ def _open_inputs(cfg: SampleConfig) -> dict[str, Any]:
     # own under <output>/_work and mapped: the candidates' gathers release their pages shard by
     # shard. The file is unlinked at once (the mapping keeps it readable), so a worker's copy
     # never outlives its process; the run's end removes _work (and a killed spill's leftovers).
-    (Path(cfg.output) / "_work").mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="vectors-", dir=Path(cfg.output) / "_work"))
+    work_folder(cfg.output).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="vectors-", dir=work_folder(cfg.output)))
     mapped = spill_vectors(sent_emb, ids, work)
     mapped.path.unlink()
     work.rmdir()
@@ -510,10 +512,10 @@ def _finish_dataset(
     manifest = writer.finalize(
         len(inputs["pools"]), extra={"card": CARD, "encoder": _encoder(inputs["sent_emb"])}
     )
-    if (Path(cfg.output) / "_work").exists():  # a killed run's spilled vectors
-        shutil.rmtree(Path(cfg.output) / "_work", ignore_errors=True)
+    if work_folder(cfg.output).exists():  # a killed run's spilled vectors
+        shutil.rmtree(work_folder(cfg.output), ignore_errors=True)
     dists = _post_stats(cfg.output)
-    atomic_write_bytes(Path(cfg.output) / CARD, render(dists).encode())
+    atomic_write_bytes(dataset_path(cfg.output) / CARD, render(dists).encode())
     return manifest["rows"], dists
 
 

@@ -451,9 +451,10 @@ def _mined_encoder(cfg: TrainConfig, given: frozenset[str]) -> TrainConfig:
 
     from pairforge.pipeline.plumbing.errors import ConfigError
     from pairforge.pipeline.plumbing.shards import read_manifest
+    from pairforge.pipeline.plumbing.storage import dataset_path
     from pairforge.pipeline.science.models import spec_problem
 
-    if "model" in given or not (Path(cfg.input) / "_manifest.json").exists():
+    if "model" in given or not (dataset_path(cfg.input) / "_manifest.json").exists():
         return cfg
     encoder = read_manifest(cfg.input).get("encoder") or {}
     model = encoder.get("model")
