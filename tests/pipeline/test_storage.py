@@ -190,3 +190,32 @@ def test_train_reads_its_pairs_from_a_bucket(
     assert trained.returncode == 0, trained.stderr
     assert (tmp_path / "models/simcse/model/pairforge.json").exists()
     assert len(list((cache / "shards").glob("*.parquet"))) == len(read_manifest(url)["shards"])
+
+
+def test_ingest_writes_to_a_bucket_what_it_writes_on_disk(bucket, tmp_path):
+    """A stage's outputs at URLs: ingest's sentences and quarantine, the scratch chunks kept in
+    the local work folder and removed; a rerun finds both complete."""
+    (tmp_path / "corpus.txt").write_text(
+        "".join(f"Sentence number {i} is about topic {i % 7} today.\n" for i in range(120))
+        + "short\n" + "Sentence number 3 is about topic 3 today.\n"
+    )  # fmt: skip
+    args = ["ingest", "--profile", "demo", "--root", ".", "--input", "corpus.txt",
+            "--rows-per-shard", "50", "--no-progress"]  # fmt: skip
+    local = run_cli([*args, "--output", "out/sentences", "--quarantine", "out/quarantine"],
+                    cwd=tmp_path)  # fmt: skip
+    assert local.returncode == 0, local.stderr
+    stored = run_cli([*args, "--output", f"{bucket}/sentences", "--quarantine",
+                      f"{bucket}/quarantine"], cwd=tmp_path)  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
+    for name in ("sentences", "quarantine"):
+        on_disk = read_manifest(tmp_path / "out" / name)["shards"]
+        in_bucket = read_manifest(f"{bucket}/{name}")["shards"]
+        assert [s["sha256"] for s in in_bucket] == [s["sha256"] for s in on_disk], name
+    assert read_manifest(f"{bucket}/sentences")["rows"] == 120
+    assert read_manifest(f"{bucket}/quarantine")["rows"] == 2  # too short, duplicate
+    assert not (tmp_path / "pairforge-cache" / "work").exists() or not any(
+        (tmp_path / "pairforge-cache" / "work").iterdir()
+    )
+    again = run_cli([*args, "--output", f"{bucket}/sentences", "--quarantine",
+                     f"{bucket}/quarantine"], cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0 and "cleaned" not in again.stderr, again.stderr
