@@ -169,6 +169,12 @@ def _acquire_object(path: RemotePath, label: str) -> RemotePath:
                     "which the writer lock needs; write the dataset to a local folder or to a "
                     "store that can (S3 and its compatibles)"
                 ) from None
+            except Exception as exc:  # a read-only store, a denied write, an unreachable one
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                raise PairforgeError(
+                    f"{label}: cannot write the lock object {path} ({type(exc).__name__}: "
+                    f"{first}); is the store writable with these credentials?"
+                ) from None
             if created:
                 _held[key] = [-1, 1]
                 _objects[key] = path

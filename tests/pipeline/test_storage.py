@@ -21,6 +21,7 @@ from pairforge.pipeline.plumbing.errors import (
     DataIntegrityError,
     DatasetLockedError,
     IncompleteDatasetError,
+    PairforgeError,
 )
 from pairforge.pipeline.plumbing.schemas import SchemaSpec
 from pairforge.pipeline.plumbing.shards import (
@@ -219,3 +220,29 @@ def test_ingest_writes_to_a_bucket_what_it_writes_on_disk(bucket, tmp_path):
     again = run_cli([*args, "--output", f"{bucket}/sentences", "--quarantine",
                      f"{bucket}/quarantine"], cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0 and "cleaned" not in again.stderr, again.stderr
+
+
+def test_a_dataset_served_over_http_is_read_and_verified_and_writing_there_is_one_line(tmp_path):
+    """A read-only store (fsspec's HTTP filesystem over a local http.server): reads and verify
+    work; a writer is refused at its lock with one line, before anything is written."""
+    import functools
+    import http.server
+    import threading
+
+    _write(tmp_path / "site" / "sentences")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path / "site")
+    handler.log_message = lambda *args: None  # type: ignore[method-assign]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/sentences"
+        assert open_dataset(url, SPEC, verify=True).read_table().num_rows == 30
+        verified = run_cli(["verify", url], cwd=tmp_path)
+        assert verified.returncode == 0 and f"{url}: ok: 3 shards" in verified.stdout
+        with pytest.raises(PairforgeError, match=r"cannot write the lock object .*\.copy\.lock"):
+            DatasetWriter(url.replace("sentences", "copy"), SPEC, stage="test", params={},
+                          fingerprint="f")  # fmt: skip
+        assert not (tmp_path / "site" / ".copy.lock").exists()
+        assert not locks.held()
+    finally:
+        server.shutdown()
