@@ -94,10 +94,10 @@ def verify_dataset(path: str | Path) -> VerifyReport:
     from pairforge.pipeline.plumbing.shards import DATA_DIR, read_manifest
     from pairforge.pipeline.plumbing.storage import dataset_path
 
-    folder = dataset_path(path)
     report = VerifyReport(str(path))
     start = time.perf_counter()
     try:
+        folder = dataset_path(path)
         manifest = read_manifest(folder)
     except PairforgeError as exc:
         report.problems.append(str(exc))

@@ -56,7 +56,14 @@ class RemotePath:
 
         self.url = url.rstrip("/")
         if fs is None:
-            fs, _ = fsspec.core.url_to_fs(self.url)
+            try:
+                fs, _ = fsspec.core.url_to_fs(self.url)
+            except (ImportError, ValueError) as exc:  # the store's package absent, an unknown one
+                from pairforge.pipeline.plumbing.errors import ConfigError
+
+                extra = " (pip install 'pairforge[s3]')" if self.url.startswith("s3") else ""
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ConfigError(f"{self.url}: {first}{extra}") from None
         self.fs = fs
         self.scheme = self.url.split("://", 1)[0]
         self.key = self.url.split("://", 1)[1]

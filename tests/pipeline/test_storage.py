@@ -176,6 +176,17 @@ def test_urls_and_local_paths():
     assert pickle.loads(pickle.dumps(path)) == path
 
 
+def test_an_unknown_store_is_one_line(tmp_path):
+    done = run_cli(["verify", "nosuch://bucket/pairs"], cwd=tmp_path)
+    assert done.returncode == 1
+    assert "nosuch://bucket/pairs: Protocol not known: nosuch" in done.stdout
+    trained = run_cli(["train", "--input", "nosuch://bucket/pairs"], cwd=tmp_path)
+    assert trained.returncode == 2, trained.stderr
+    assert trained.stderr.strip().splitlines()[-1] == (
+        "error: nosuch://bucket/pairs: Protocol not known: nosuch"
+    )
+
+
 def test_train_reads_its_pairs_from_a_bucket(
     bucket, tmp_path, tiny_sentences, tiny_model_dir, sts_dir
 ):
