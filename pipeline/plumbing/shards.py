@@ -23,6 +23,9 @@ Every file is written under a temporary name in the same folder and renamed into
 reader never sees half a file. A shard counts as finished only when its marker exists; a run
 killed at any moment and started again keeps the finished shards and rewrites the rest. A run
 whose fingerprint (stage, params, inputs, code) differs from the folder's starts from scratch.
+
+A dataset may also live at an fsspec URL (``s3://bucket/pairs``): the same layout and bytes,
+each object written with one PUT instead of a rename (``pipeline/plumbing/storage.py``).
 """
 
 from __future__ import annotations
