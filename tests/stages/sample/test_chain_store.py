@@ -68,6 +68,7 @@ def _run(stage: str, root: Path, *extra: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # about 1.5 minutes: three stages run twice, with Dask workers and a kill
 def test_the_mining_chain_in_a_bucket_writes_what_it_writes_on_disk_and_resumes_there(
     bucket, tmp_path, tiny_bert
 ):
