@@ -495,8 +495,7 @@ def portable(value: Any, dataset: Path) -> Any:
 def work_folder(output: str | Path | RemotePath) -> Path:
     """A stage's local scratch folder for the dataset ``output``: ``<output>/_work`` (which a
     changed fingerprint clears with the rest), or for a dataset on a store a folder of the local
-    cache named by its URL: scratch (spilled vectors, a saved index, ingest's chunks) is never
-    written to a store."""
+    cache named by its URL (spilled vectors, a built index: what only this process maps)."""
     path = dataset_path(output)
     if isinstance(path, RemotePath):
         name = hashlib.sha256(str(path).encode()).hexdigest()[:16]

@@ -18,7 +18,9 @@ markers. The writer lock is an object created only if absent (S3's ``If-None-Mat
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
+import threading
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -137,6 +139,16 @@ class RemotePath:
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode())
+
+    def upload(self, local: Path) -> None:
+        """Copy the local file ``local`` here, streamed (a multipart upload when it is large)."""
+        self.fs.put_file(str(local), self._fs_path())
+
+    def download(self, local: Path) -> None:
+        """Copy this object to the local file ``local``, streamed, under a temporary name first."""
+        tmp = local.with_name(f".{local.name}.part-{os.getpid()}-{threading.get_ident()}")
+        self.fs.get_file(self._fs_path(), str(tmp))
+        tmp.replace(local)
 
     def create(self, data: bytes) -> bool:
         """Write only if no object is there (S3's ``If-None-Match: *``); False if one is.

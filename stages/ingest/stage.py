@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from typing import Literal
 
 import numpy as np
@@ -32,11 +31,10 @@ from pairforge.pipeline.plumbing.shards import (
     MANIFEST,
     DatasetWriter,
     open_dataset,
-    work_folder,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
-from pairforge.pipeline.plumbing.storage import dataset_path
+from pairforge.pipeline.plumbing.storage import dataset_path, remove_tree
 from pairforge.pipeline.science.readers import InputFile, RawBlock, read_chunks, resolve_inputs
 from pairforge.pipeline.science.text import char_counts, normalize, sentence_ids, word_counts
 from pairforge.stages.options import executor, stage_command
@@ -392,7 +390,8 @@ def run(cfg: IngestConfig, executor: Executor | None = None, progress: bool = Tr
         out = dataset_path(cfg.output)
         sentences = run.output("output", S.SENTENCES, rows_per_shard=cfg.rows_per_shard)
         quarantine = run.output("quarantine", S.QUARANTINE)
-        work = work_folder(cfg.output)
+        # Under the output, on a store too: the Dask workers that write them share no folder.
+        work = out / "_work"
         if not (sentences.complete and quarantine.complete):
             # The read+clean step's scratch datasets, regrouped by the dedup step (the prepare
             # step of this stage: an output shard is no function of one input chunk).
@@ -429,7 +428,7 @@ def run(cfg: IngestConfig, executor: Executor | None = None, progress: bool = Tr
             extra = {"counts": counts, "inputs": [f.path for f in files]}
             sentences.finalize(n_out, extra=extra)
             quarantine.finalize(n_q, extra=extra)
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
         counts = json.loads((out / MANIFEST).read_text())["counts"]
         metrics = run.finish(_metrics(counts, sentences, quarantine))
         log.info(

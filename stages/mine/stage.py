@@ -20,6 +20,7 @@ of own augmentations held (``augmentations``: the candidates; ``rewrites``).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -41,10 +42,16 @@ from pairforge.pipeline.plumbing.runner import (
     ShardResult,
     pending,
 )
-from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset, work_folder
+from pairforge.pipeline.plumbing.shards import (
+    Dataset,
+    DatasetWriter,
+    open_dataset,
+    shard_cache,
+    work_folder,
+)
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
-from pairforge.pipeline.plumbing.storage import dataset_path
+from pairforge.pipeline.plumbing.storage import RemotePath, dataset_path, is_url, remove_tree
 from pairforge.pipeline.science.mining_inputs import (
     VECTOR_FILE,
     ArrowTexts,
@@ -313,6 +320,42 @@ def _write_search_index(index, path: Path) -> None:
     tmp.replace(path)
 
 
+def _share_index(cfg: MineConfig, index_path: Path, index: Any) -> str:
+    """Where the Dask workers read the saved index: the local file when the output is local
+    (the workers share its filesystem), else copies in the store under ``<output>/_work`` (the
+    index and, beside it, the spilled vectors a non-flat index searches with), so that workers
+    that share no filesystem with this process fetch them (:func:`_fetch_index`)."""
+    output = dataset_path(cfg.output)
+    if not isinstance(output, RemotePath):
+        return str(index_path)
+    import faiss
+    from pairforge.stages.mine.torch_search import TorchFlatIndex
+
+    shared = output / "_work"
+    flat = isinstance(index, (faiss.IndexFlat, TorchFlatIndex))  # searched on its own vectors
+    for name in (SEARCH_FILE,) if flat else (VECTOR_FILE, SEARCH_FILE):
+        (shared / name).upload(index_path.parent / name)
+    return str(shared / SEARCH_FILE)
+
+
+def _fetch_index(url: str, key: str) -> str:
+    """A worker's local copy of the index the driver put in the store (and of the vectors beside
+    it), in the local cache under the run's key; earlier runs' copies there are removed."""
+    folder = shard_cache().parent / "mine-index"
+    here = folder / hashlib.sha256(f"{url}|{key}".encode()).hexdigest()[:16]
+    shared = dataset_path(url).parent
+    if not (here / SEARCH_FILE).is_file():
+        if folder.is_dir():  # the workers of a machine share it: each copies under its own name
+            for old in folder.iterdir():
+                if old != here:
+                    shutil.rmtree(old, ignore_errors=True)
+        here.mkdir(parents=True, exist_ok=True)
+        if (shared / VECTOR_FILE).exists():
+            (shared / VECTOR_FILE).download(here / VECTOR_FILE)
+        (shared / SEARCH_FILE).download(here / SEARCH_FILE)  # last: its presence means done
+    return str(here / SEARCH_FILE)
+
+
 def _threads(n: int) -> None:
     if n > 0:
         import faiss
@@ -351,7 +394,9 @@ class MineShard:
     driver built and wrote once (``<output>/_work/search.faiss``); each worker process reads it
     with ``faiss.IO_FLAG_MMAP`` (the index's vectors and lists stay in the page cache, shared by
     the workers of a machine) and the corpus (ids, texts; the vectors when the index does not
-    hold them) from the shared filesystem, once. In-process, the driver's searcher is used.
+    hold them) from the shared filesystem, once. When the output is in a store the index and the
+    vectors are copied there and each worker fetches them once (:func:`_share_index`), so the
+    workers need no filesystem shared with the driver. In-process, the driver's searcher is used.
     """
 
     def __init__(
@@ -375,7 +420,10 @@ class MineShard:
             state = _STATE.get(self.key)
             if state is None:
                 _STATE.clear()
-                state = _STATE[self.key] = _worker_state(self.cfg, self.index_path)
+                path = self.index_path
+                if is_url(path):  # a worker that shares no filesystem with the driver
+                    path = _fetch_index(path, self.key)
+                state = _STATE[self.key] = _worker_state(self.cfg, path)
             return state
 
     def __call__(self, anchors: pa.Table, i: int) -> ShardResult:
@@ -688,7 +736,8 @@ def _mine_shards(
     if not in_process:
         _write_search_index(index, index_path)
     state = {"searcher": searcher, "texts": corpus.texts, "ids": corpus.ids} if in_process else None
-    fn = MineShard(cfg, key, str(index_path), state)
+    where = str(index_path) if in_process else _share_index(cfg, index_path, index)
+    fn = MineShard(cfg, key, where, state)
     shard_rows = [s["rows"] for s in corpus.sentences.manifest["shards"]]
     bounds = np.concatenate([[0], np.cumsum(shard_rows)])
     # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
@@ -720,6 +769,8 @@ def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts
     }
     manifest = writer.finalize(shards, extra={"index": stable, **made} if stable else made)
     shutil.rmtree(work_folder(cfg.output), ignore_errors=True)  # the saved index: done with it
+    if isinstance(dataset_path(cfg.output), RemotePath):
+        remove_tree(dataset_path(cfg.output) / "_work")  # its copies for the workers
     return manifest
 
 

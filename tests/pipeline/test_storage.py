@@ -205,8 +205,8 @@ def test_train_reads_its_pairs_from_a_bucket(
 
 
 def test_ingest_writes_to_a_bucket_what_it_writes_on_disk(bucket, tmp_path):
-    """A stage's outputs at URLs: ingest's sentences and quarantine, the scratch chunks kept in
-    the local work folder and removed; a rerun finds both complete."""
+    """A stage's outputs at URLs: ingest's sentences and quarantine, computed on 2 Dask workers
+    whose scratch chunks go to the store and are removed; a rerun finds both complete."""
     (tmp_path / "corpus.txt").write_text(
         "".join(f"Sentence number {i} is about topic {i % 7} today.\n" for i in range(120))
         + "short\n" + "Sentence number 3 is about topic 3 today.\n"
@@ -216,8 +216,9 @@ def test_ingest_writes_to_a_bucket_what_it_writes_on_disk(bucket, tmp_path):
     local = run_cli([*args, "--output", "out/sentences", "--quarantine", "out/quarantine"],
                     cwd=tmp_path)  # fmt: skip
     assert local.returncode == 0, local.stderr
+    # On 2 Dask workers, whose scratch chunks go under the output in the store (no shared folder).
     stored = run_cli([*args, "--output", f"{bucket}/sentences", "--quarantine",
-                      f"{bucket}/quarantine"], cwd=tmp_path)  # fmt: skip
+                      f"{bucket}/quarantine", "--workers", "2"], cwd=tmp_path)  # fmt: skip
     assert stored.returncode == 0, stored.stderr
     for name in ("sentences", "quarantine"):
         on_disk = read_manifest(tmp_path / "out" / name)["shards"]
@@ -225,9 +226,8 @@ def test_ingest_writes_to_a_bucket_what_it_writes_on_disk(bucket, tmp_path):
         assert [s["sha256"] for s in in_bucket] == [s["sha256"] for s in on_disk], name
     assert read_manifest(f"{bucket}/sentences")["rows"] == 120
     assert read_manifest(f"{bucket}/quarantine")["rows"] == 2  # too short, duplicate
-    assert not (tmp_path / "pairforge-cache" / "work").exists() or not any(
-        (tmp_path / "pairforge-cache" / "work").iterdir()
-    )
+    assert not (tmp_path / "pairforge-cache").exists()  # nothing local: scratch went to the store
+    assert not (dataset_path(f"{bucket}/sentences") / "_work").exists()  # and was removed
     again = run_cli([*args, "--output", f"{bucket}/sentences", "--quarantine",
                      f"{bucket}/quarantine"], cwd=tmp_path)  # fmt: skip
     assert again.returncode == 0 and "cleaned" not in again.stderr, again.stderr

@@ -1,7 +1,7 @@
 """embed, mine and sample with every dataset in a bucket (a real S3-compatible server,
 ``tests/s3.py``): the same shard bytes as the same run on a local disk, sample
 killed mid-run and resumed there, and mine's shards computed by 2 Dask workers that read their
-inputs from the store."""
+inputs and the driver's index from the store."""
 
 from __future__ import annotations
 
@@ -78,6 +78,10 @@ def test_the_mining_chain_in_a_bucket_writes_what_it_writes_on_disk_and_resumes_
         _run(stage, local)
     _run("embed", remote)
     _run("mine", remote, "--workers", "2")  # Dask workers read the store's shards by URL
+    # ... and the index: the driver put it in the store, each worker fetched its own copy.
+    fetched = list((Path(os.environ["PAIRFORGE_CACHE"]) / "mine-index").rglob("search.faiss"))
+    assert len(fetched) == 1
+    assert not (dataset_path(f"{bucket}/data/pools") / "_work").exists()  # removed once done
 
     # sample, killed once 2 of its shards are in the bucket, then run again to the end.
     progress = dataset_path(f"{bucket}/data/pairs") / "_progress"
