@@ -322,3 +322,23 @@ def test_the_key_never_reaches_a_file_or_log(tmp_path, monkeypatch):
         assert KEY.encode() not in path.read_bytes(), path
     metrics = json.loads((project / "metrics/rewrite.json").read_text())
     assert metrics["rows_in"] == 25 == metrics["rewritten"] + metrics["rejected_total"]
+
+
+def test_rewrite_reads_and_writes_its_datasets_in_a_bucket(tmp_path, monkeypatch, bucket):
+    """The sentences, the rewrites and the quarantine at s3:// URLs (a local S3 server,
+    tests/s3.py): every row ends rewritten or quarantined there, as on disk."""
+    monkeypatch.setenv("PAIRFORGE_TEST_KEY", KEY)
+    texts = make_sentences(30, seed=5)
+    write_sentences(f"{bucket}/sentences", texts, rows_per_shard=10)
+    with FaultyChatServer(content_rate=0.2, seed=2) as server:
+        values = settings(tmp_path, server)
+        values.update(input=f"{bucket}/sentences", output=f"{bucket}/rewrites",
+                      quarantine=f"{bucket}/quarantine/rewrite")  # fmt: skip
+        metrics = run(RewriteConfig.model_validate(values), LocalExecutor(), progress=False)
+    good = open_dataset(f"{bucket}/rewrites", S.CANDIDATES).read_table()
+    bad = open_dataset(f"{bucket}/quarantine/rewrite", S.QUARANTINE).read_table()
+    assert good.num_rows + bad.num_rows == len(texts) == metrics["rows_in"]
+    assert good.num_rows > 0 and bad.num_rows > 0
+    assert set(good[S.TEXT].to_pylist()) == {
+        good_rewrite(t) for t in texts if content_fault(t, 0.2) is None
+    }
