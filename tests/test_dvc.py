@@ -1,4 +1,6 @@
-"""`dvc repro` of the demo in a fresh copy of the project: it runs, then reruns only what changed."""
+"""`dvc repro` of the demo in a fresh copy of the project: it runs, then reruns only what changed.
+The whole demo, ingest to the STS table and then nothing rerun, is the newcomer's test
+(tests/test_newcomer.py: one demo run for the slow suite)."""
 
 from __future__ import annotations
 
@@ -76,16 +78,6 @@ def test_every_stage_is_in_the_dvc_pipeline_and_it_resolves(project):
         ("pretrain", "train"),
     ):
         assert f'"{edge[0]}" -> "{edge[1]}"' in dag.stdout, edge
-
-
-@pytest.mark.slow
-def test_dvc_repro_the_whole_demo(project):
-    """The README's main job, ingest to the STS table (minutes on 2 cores; `-m slow`)."""
-    first = dvc(["repro"], project)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert (project / "metrics/evaluate.json").exists()
-    again = dvc(["repro"], project)
-    assert again.returncode == 0 and "Running stage" not in again.stdout
 
 
 def test_dvc_repro_demo_then_nothing_then_only_what_changed(project):

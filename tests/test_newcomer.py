@@ -3,7 +3,8 @@
 No ``../shared`` beside the clone and no ``PAIRFORGE_SHARED_DATA``: the STS data is absent, as on
 every machine but CI's. The clone is of the committed HEAD of this repository; ``dev.py`` creates
 its own ``.venv`` and installs it (pip's cache is reused, the install itself is tested), then
-``dvc repro`` runs ingest through evaluate. About 10 minutes on an idle 2-core machine, far more
+``dvc repro`` runs ingest through evaluate; the command again reruns nothing (the
+slow suite's one whole demo run). About 10 minutes on an idle 2-core machine, far more
 under load: marked slow (``python3 dev.py test -m slow``, which ``.ci/run`` runs).
 """
 
@@ -99,3 +100,11 @@ def test_a_fresh_clone_without_the_sts_data_runs_the_demo_to_the_evaluation_tabl
     # The checkpoint was selected on the demo set's dev split.
     assert models["debcse"]["trained"]["dev"]["demo_dev"] is not None
     assert "| debcse | " in report
+
+    # The command again: nothing to install, no stage to rerun, the same table.
+    again = subprocess.run(
+        [python3, *command[1:]], cwd=clone, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert "Running stage" not in again.stdout and "pip install" not in again.stdout
+    assert report.strip() in again.stdout

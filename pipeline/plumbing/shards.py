@@ -680,7 +680,18 @@ def _cached_copy(folder: RemotePath, shard: dict[str, Any], label: str, stage: s
         digest.update(local.read_bytes())
         if digest.hexdigest() == expected:
             return local
-    file = _shard_file(folder, shard, label, stage)
+    data = _verified_bytes(_shard_file(folder, shard, label, stage), shard, label, stage)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(local, data, durable=False)
+    return local
+
+
+def _verified_bytes(
+    file: Path | RemotePath, shard: dict[str, Any], label: str, stage: str | None
+) -> bytes:
+    """The bytes of ``file``, read in one pass and checked against the manifest's size and
+    checksum (a mismatch is one :class:`CorruptShardError` line)."""
+    algorithm, _ = _expected_checksum(shard)
     data = file.read_bytes()
     _check_size(file, shard, len(data), label, stage)
     start = time.perf_counter()
@@ -688,9 +699,7 @@ def _cached_copy(folder: RemotePath, shard: dict[str, Any], label: str, stage: s
     digest.update(data)
     _count(len(data), time.perf_counter() - start)
     _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(local, data, durable=False)
-    return local
+    return data
 
 
 def read_verified_shard(
@@ -708,20 +717,14 @@ def read_verified_shard(
     A shard on a store is fetched and hashed on every read (there is no file identity to trust)."""
     folder = dataset_path(folder)
     file = _shard_file(folder, shard, label, stage)
-    algorithm, expected = _expected_checksum(shard)
-    remote = isinstance(file, RemotePath)
-    identity = None if remote else _identity(file, expected)
+    identity = (
+        None if isinstance(file, RemotePath) else _identity(file, _expected_checksum(shard)[1])
+    )
     source: Any = file
     if identity is None or identity not in _verified:
-        _check_size(file, shard, file.size() if remote else identity[3], label, stage)
-        data = file.read_bytes()
-        _check_size(file, shard, len(data), label, stage)
-        start = time.perf_counter()
-        digest = _hasher(algorithm)
-        digest.update(data)
-        _count(len(data), time.perf_counter() - start)
-        _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
-        source = pa.BufferReader(pa.py_buffer(data))
+        if identity is not None:  # a local file's size is known before reading it
+            _check_size(file, shard, identity[3], label, stage)
+        source = pa.BufferReader(pa.py_buffer(_verified_bytes(file, shard, label, stage)))
     try:
         pf = pq.ParquetFile(source)
         if spec is not None:
