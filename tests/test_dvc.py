@@ -1,5 +1,5 @@
 """`dvc repro` of the demo in a fresh copy of the project: it runs, then reruns only what changed.
-The whole demo, ingest to the STS table and then nothing rerun, is the newcomer's test
+The whole demo, ingest to the evaluation table and then nothing rerun, is the newcomer's test
 (tests/test_newcomer.py: one demo run for the slow suite)."""
 
 from __future__ import annotations

@@ -146,3 +146,29 @@ def test_subsample_is_seeded_and_keeps_file_order(sts_dir):
     assert a.subset.tolist() == sorted(a.subset.tolist())  # subsets are consecutive in the files
     assert sts.subsample(data, 5, seed=4).subset.tolist() != a.subset.tolist()
     assert sts.subsample(data, None) is data
+
+
+def test_the_real_sts_sets_load_with_senteval_counts(shared_data):
+    """The shared STS data as shipped (its files' own formats, not the tests' rewrite of them):
+    every test and dev task loads with SentEval's pair counts and per-subset sizes, gold in
+    [0, 5] (SICK's relatedness in [1, 5])."""
+    root = sts.find_data_folder(shared_data / "sts")
+    expected = {
+        "sts12": [750, 750, 459, 750, 399],
+        "sts13": [189, 750, 561],
+        "sts14": [450, 300, 750, 750, 750, 750],
+        "sts15": [375, 750, 375, 750, 750],
+        "sts16": [254, 249, 230, 244, 209],
+        "stsb": [1379],
+        "sickr": [4927],
+        "stsb_dev": [1500],
+        "sickr_dev": [500],
+    }
+    assert set(expected) == {*sts.TEST_TASKS, *sts.DEV_TASKS}
+    for task, sizes in expected.items():
+        data = sts.load_task(root, task)
+        assert np.bincount(data.subset, minlength=len(data.subsets)).tolist() == sizes, task
+        assert len(data.s1) == len(data.s2) == len(data) == sum(sizes), task
+        assert all(data.s1) and all(data.s2), task
+        low = 1.0 if task.startswith("sickr") else 0.0
+        assert data.gold.min() >= low and data.gold.max() <= 5.0, task
