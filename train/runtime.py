@@ -23,10 +23,11 @@
   well). Here glibc serves every block from its heap and never shrinks it during the run, as
   PyTorch's CUDA caching allocator does for GPU memory; at the end the defaults come back and the
   free memory is returned. Only where the bytes live changes, never the arithmetic. The first
-  one or two steps may still grow the heap: torch asks for 64-byte-aligned blocks, and glibc's
-  ``posix_memalign`` looks for a free chunk a little larger than the block, which the block just
-  freed is not unless it merged into the top of the heap; once the heap holds such a chunk, every
-  later step is served from it.
+  few steps may still grow the heap (up to three of them in tests/train/test_runtime.py's
+  measurement): torch asks for 64-byte-aligned blocks, and glibc's ``posix_memalign`` looks for
+  a free chunk a little larger than the block, which the block just freed is not unless it
+  merged into the top of the heap; once the heap holds such a chunk, every later step is served
+  from it.
 """
 
 from __future__ import annotations

@@ -67,9 +67,12 @@ def _kept_memory_checks() -> None:
         assert kept
         with runtime.keep_host_memory():  # nested: the inner exit keeps the outer's settings
             pass
-        faults = [_faults_to_reallocate(64) for _ in range(8)]
-    # The heap may grow on the first two steps (module docstring); after that every step reuses.
-    assert max(faults[2:]) < pages // 10, faults
+        faults = [_faults_to_reallocate(64) for _ in range(16)]
+    # The heap grows on a few early steps until it holds a chunk the block fits in, then every
+    # step reuses it (module docstring); with glibc's defaults all 16 steps fault it in again.
+    grew = [count > pages // 2 for count in faults]
+    assert sum(grew) <= 4, faults
+    assert max(faults[8:]) < pages // 10, faults
     assert _faults_to_reallocate(64) > pages // 2  # the defaults are back: faulted in again
 
 
@@ -77,8 +80,9 @@ def _kept_memory_checks() -> None:
 def test_kept_memory_is_reused_without_faulting_it_in_again():
     """In a process of its own: glibc's heap is process-wide, and what earlier tests leave mapped
     changes where a freed block lands, so the checks would depend on the tests run before them.
-    Measured in 30 fresh processes (2026-11-27): 15 reused the block from the first step, 4 grew
-    the heap once, 11 twice, none after the second step."""
+    Measured in 100 fresh processes on machine B (2026-11-29), 16 steps each: the heap grew on
+    step 1 only in 46, step 2 only in 25, steps 1-2 in 28, steps 1-3 in 1, never after step 3
+    (CI's run of 2026-11-29 grew on steps 2-3, which the old bound of two steps failed)."""
     done = subprocess.run(
         [sys.executable, "-c", "import tests.train.test_runtime as t; t._kept_memory_checks()"],
         cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300,
