@@ -166,7 +166,16 @@ class FaultyChatServer:
                 },
             )
         finally:
-            with self.lock:
+            self._answered(req)  # when the handler failed before answering
+
+    def _answered(self, req: BaseHTTPRequestHandler) -> None:
+        """A request stops counting as in flight when its answer starts, not when its handler
+        returns: the client may read the answer and send its next request before this thread
+        runs again (seen under load: 4 counted in flight with 3 workers), which is not a fourth
+        request in flight on the client's side."""
+        with self.lock:
+            if not getattr(req, "pairforge_answered", False):
+                req.pairforge_answered = True
                 self.in_flight -= 1
 
     def _transient(self, req: BaseHTTPRequestHandler, kind: str) -> None:
@@ -187,17 +196,18 @@ class FaultyChatServer:
                 self._send(req, 200, {"choices": []})
         else:
             raw = b'{"id": "chatcmpl-broken", "choices": [{"message": '
+            self._answered(req)
             req.send_response(200)
             req.send_header("Content-Type", "application/json")
             req.send_header("Content-Length", str(len(raw)))
             req.end_headers()
             req.wfile.write(raw)
 
-    @staticmethod
     def _send(
-        req: BaseHTTPRequestHandler, status: int, obj: dict, headers: dict | None = None
+        self, req: BaseHTTPRequestHandler, status: int, obj: dict, headers: dict | None = None
     ) -> None:
         raw = json.dumps(obj).encode()
+        self._answered(req)
         req.send_response(status)
         req.send_header("Content-Type", "application/json")
         req.send_header("Content-Length", str(len(raw)))
