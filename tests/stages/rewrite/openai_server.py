@@ -125,6 +125,7 @@ class FaultyChatServer:
             self.arrivals.append(time.monotonic())
             self.auth_headers.add(req.headers.get("Authorization", ""))
             self.in_flight += 1
+            req.pairforge_counted = True
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             draw = self.rng.random()
             kind = self.faults[self.rng.randrange(len(self.faults))]
@@ -172,9 +173,11 @@ class FaultyChatServer:
         """A request stops counting as in flight when its answer starts, not when its handler
         returns: the client may read the answer and send its next request before this thread
         runs again (seen under load: 4 counted in flight with 3 workers), which is not a fourth
-        request in flight on the client's side."""
+        request in flight on the client's side. A request that was never counted (a test that
+        answers through `_send` from its own handler) leaves the count alone."""
         with self.lock:
-            if not getattr(req, "pairforge_answered", False):
+            counted = getattr(req, "pairforge_counted", False)
+            if counted and not getattr(req, "pairforge_answered", False):
                 req.pairforge_answered = True
                 self.in_flight -= 1
 

@@ -271,6 +271,7 @@ def test_authentication_failure_stops_with_a_clear_error(monkeypatch):
         with pytest.raises(PairforgeError, match="answered 401") as exc:
             client.complete([{"role": "user", "content": "hi"}])
         assert KEY not in str(exc.value) and server.requests == 0  # handler replaced: no counting
+        assert server.in_flight == 0
 
 
 @pytest.mark.parametrize(
