@@ -125,7 +125,7 @@ class FaultyChatServer:
             self.arrivals.append(time.monotonic())
             self.auth_headers.add(req.headers.get("Authorization", ""))
             self.in_flight += 1
-            req.pairforge_counted = True
+            req.pairforge_in_flight = True
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             draw = self.rng.random()
             kind = self.faults[self.rng.randrange(len(self.faults))]
@@ -176,9 +176,8 @@ class FaultyChatServer:
         request in flight on the client's side. A request that was never counted (a test that
         answers through `_send` from its own handler) leaves the count alone."""
         with self.lock:
-            counted = getattr(req, "pairforge_counted", False)
-            if counted and not getattr(req, "pairforge_answered", False):
-                req.pairforge_answered = True
+            if getattr(req, "pairforge_in_flight", False):
+                req.pairforge_in_flight = False
                 self.in_flight -= 1
 
     def _transient(self, req: BaseHTTPRequestHandler, kind: str) -> None:
