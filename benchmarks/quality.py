@@ -224,7 +224,8 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     A (row, start, seed) may have several runs of different lengths (an unsettled run and its
     rerun with ``--settle-steps``): the row's figures take the longest, and its difference to the
     baseline pairs runs of equal length only (a seed whose baseline has no run of that length is
-    left out of the difference and listed in ``unpaired``)."""
+    left out of the difference and listed in ``unpaired``); ``diff_longest`` pairs each seed's
+    longest runs (the settled reading), its ``mixed`` seeds those of unequal lengths."""
     runs: dict[tuple[str, str], dict[int, dict[int, dict]]] = {}
     for r in records:
         runs.setdefault((r["row"], r["start"]), {}).setdefault(int(r["seed"]), {})[r["steps"]] = r
@@ -245,6 +246,12 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         paired = [s for s in seeds if by_seed[s]["steps"] in base_runs.get(s, {})]
         diffs = [by_seed[s]["avg"] - base_runs[s][by_seed[s]["steps"]]["avg"] for s in paired]
         mean_d, sd_d = _mean_sd(diffs)
+        # The settled reading: each seed's longest run against the baseline's longest run of
+        # the same seed, whatever their lengths (a settled 500-step run against an unsettled
+        # baseline's 1,000-step rerun); ``mixed`` names the seeds whose lengths differ.
+        longest = [s for s in seeds if s in base_runs]
+        base_long = {s: base_runs[s][max(base_runs[s])] for s in longest}
+        diffs_l = [by_seed[s]["avg"] - base_long[s]["avg"] for s in longest]
         out.append(
             {
                 "row": row,
@@ -260,6 +267,16 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                     "sd": sd_d,
                     "ci95": interval(diffs),
                 },  # fmt: skip
+                "diff_longest": {
+                    "seeds": longest,
+                    "mixed": [s for s in longest if by_seed[s]["steps"] != base_long[s]["steps"]],
+                    "per_seed": diffs_l,
+                    "mean": _mean_sd(diffs_l)[0],
+                    "sd": _mean_sd(diffs_l)[1],
+                    "ci95": interval(diffs_l),
+                },  # fmt: skip
+                # Every run's average by seed and length: what rows are paired on.
+                "runs": {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds},
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
                 # The dev score the run kept (mean over seeds): what a default is chosen by.
                 "best_dev": _mean_sd(
@@ -285,13 +302,18 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     return out
 
 
-def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Row ``a``'s average minus row ``b``'s on the seeds both have (through their paired
-    differences to the baseline, which share its runs): the differences seed by seed, their
-    mean, sd and 95% interval (t over seeds)."""
-    da = dict(zip(a["diff"]["seeds"], a["diff"]["per_seed"], strict=True))
-    db = dict(zip(b["diff"]["seeds"], b["diff"]["per_seed"], strict=True))
-    diffs = [da[s] - db[s] for s in sorted(set(da) & set(db))]
+def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
+    """Row ``a``'s average minus row ``b``'s, seed by seed on the seeds both have: the
+    differences, their mean, sd and 95% interval (t over seeds). ``lengths``: ``equal`` pairs
+    the two rows' runs of the same length (the longest both have; a seed without one is left
+    out), ``longest`` each seed's longest runs whatever their lengths (the settled reading)."""
+    diffs = []
+    for seed in sorted(set(a["runs"]) & set(b["runs"])):
+        ra, rb = a["runs"][seed], b["runs"][seed]
+        if lengths == "longest":
+            diffs.append(ra[max(ra)] - rb[max(rb)])
+        elif common := set(ra) & set(rb):
+            diffs.append(ra[max(common)] - rb[max(common)])
     mean, sd = _mean_sd(diffs)
     return {"per_seed": diffs, "n": len(diffs), "mean": mean, "sd": sd, "ci95": interval(diffs)}
 
@@ -311,17 +333,20 @@ def _by_dev(by_row: dict[str, dict], names) -> str | None:
     return max(scored, key=lambda n: by_row[n]["best_dev"][0]) if scored else None
 
 
-def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str, str]]:
+def targets(
+    summary: list[dict[str, Any]], start: str = "cls", lengths: str = "equal"
+) -> list[tuple[str, str]]:
     """Issue 27's targets on one start, each (target, verdict) with the figures it rests on
     (paired over the seeds both rows have, with the 95% interval); a target whose rows are
     missing says "not run". The peer's side is its best setting by dev; the combined recipe's
-    is the best other row by test mean (the hardest comparison, not a choice of default)."""
+    is the best other row by test mean (the hardest comparison, not a choice of default).
+    ``lengths``: as :func:`paired` (runs of equal length, or each seed's longest runs)."""
     # DenoSent (start "mask") belongs to the [CLS] table.
     starts = (start, "mask") if start == "cls" else (start,)
     by_row = {s["row"]: s for s in summary if s["start"] in starts}
 
     def versus(a: str, b: str, margin: float) -> str:
-        d = paired(by_row[a], by_row[b])
+        d = paired(by_row[a], by_row[b], lengths)
         if d["mean"] is None:
             return "no seed in common"
         ok = d["mean"] >= margin and d["ci95"] is not None and d["ci95"][0] > 0
@@ -343,7 +368,7 @@ def targets(summary: list[dict[str, Any]], start: str = "cls") -> list[tuple[str
     if "debcse" not in by_row or "simcse" not in by_row:
         out.append((name, "not run"))
     else:
-        d = paired(by_row["debcse"], by_row["simcse"])
+        d = paired(by_row["debcse"], by_row["simcse"], lengths)
         m = d["mean"]
         verdict = "no seed in common" if m is None else (
             f"{'met' if m >= 1.0 else 'NOT met'}: {m:+.2f}{_ci(d['ci95'])} over {d['n']} "
@@ -383,12 +408,16 @@ def markdown(
     summary: list[dict[str, Any]], untrained: dict[str, dict], settings: dict[str, Any]
 ) -> str:
     """The docs-ready table: untrained starts, then every (row, start)."""
+    # Where a seed's longest runs differ in length from the baseline's, a second Δ reads them.
+    mixed = any(s["diff_longest"]["mixed"] for s in summary)
     head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
+    head += ["Δ, longest runs"] if mixed else []
     head += ["dev", "best step", "train s"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (len(head) - 3)]
     for start, scores in untrained.items():
         cells = ["MiniLM, untrained", start, ""]
         cells += [f"{scores[t]:.2f}" for t in TASKS] + [f"{scores['avg']:.2f}", "", "", "", ""]
+        cells += [""] if mixed else []
         lines.append("| " + " | ".join(cells) + " |")
     for s in summary:
         label = ROWS[s["row"]].label if s["row"] in ROWS else s["row"]
@@ -397,6 +426,9 @@ def markdown(
         cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
         cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
         cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"]) + _ci(d["ci95"])]
+        if mixed:
+            dl = s["diff_longest"]
+            cells += ["" if s["row"] == "simcse" else _pm(dl["mean"], dl["sd"]) + _ci(dl["ci95"])]
         dev = s.get("best_dev", (None, None))
         cells += [_pm(dev[0], None)]
         cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]
@@ -422,6 +454,17 @@ def markdown(
         note += (
             "\n\nLeft out of Δ (SimCSE has no run of the same length on these seeds; "
             "`--settle-steps` queues it): " + "; ".join(unpaired)
+        )
+    if mixed:
+        note += (
+            "\n\nΔ, longest runs: each seed's longest run against SimCSE's longest run of the "
+            "same seed, whatever their lengths (a rerun has its own schedule: the linear decay "
+            "over its steps); seeds of unequal lengths: "
+            + "; ".join(
+                f"{s['row']}/{s['start']} {s['diff_longest']['mixed']}"
+                for s in summary
+                if s["diff_longest"]["mixed"]
+            )
         )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
     if late:
@@ -1099,7 +1142,12 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(summary, base, settings_of(args))
     lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
              targets(summary, start)]  # fmt: skip
-    text += "\nTargets:\n\n" + "\n".join(lines) + "\n"
+    text += "\nTargets (runs of equal length):\n\n" + "\n".join(lines) + "\n"
+    if any(s["diff_longest"]["mixed"] for s in summary):
+        lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
+                 targets(summary, start, "longest")]  # fmt: skip
+        text += "\nTargets (each seed's longest runs, the settled reading):\n\n"
+        text += "\n".join(lines) + "\n"
     for start in args.starts:
         ranked = dev_choices(summary, start)
         if ranked:

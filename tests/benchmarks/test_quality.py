@@ -449,6 +449,34 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
                             "eval_every": 25, "dev_pairs": None, "test_pairs": None})  # fmt: skip
     assert "Rerun with more steps" in text and "peer/cls seeds {1: 1000}" in text
     assert "debcse/cls seeds [2]" in text  # unpaired: said under the table
+    # The settled reading pairs each seed's longest runs, whatever their lengths: DebCSE's seed
+    # 1 (500 steps) against SimCSE's seed 1 at 1000, its seed 2 (1000) against SimCSE's 500.
+    longest = summary["debcse"]["diff_longest"]
+    assert longest["seeds"] == [1, 2] and longest["mixed"] == [1, 2]
+    assert longest["per_seed"] == pytest.approx([77.5 - 75.8, 77.0 - 76.0])
+    assert summary["peer"]["diff_longest"]["mixed"] == []  # equal lengths on both seeds
+    assert summary["peer"]["diff_longest"]["per_seed"] == peer["diff"]["per_seed"]
+    head = text.splitlines()[0].split(" | ")
+    debcse = next(line for line in text.splitlines() if line.startswith("| DebCSE")).split(" | ")
+    assert debcse[head.index("Δ vs SimCSE (paired)")] == "2.50"  # seed 1 only, at 500 steps
+    assert debcse[head.index("Δ, longest runs")] == "1.35 ± 0.49 [-3.10, +5.80]"
+    assert "seeds of unequal lengths: debcse/cls [1, 2]" in text
+    # Two rows paired with each other, not through the baseline: at equal lengths only the
+    # seeds where both have a run of the same length (the longest such), at the longest runs
+    # every seed both have.
+    keep("combined", 1, 78.0)
+    keep("combined", 2, 77.8)
+    both = {s["row"]: s for s in quality.summarize(quality.load_records(runs, records))}
+    equal = quality.paired(both["combined"], both["debcse"])
+    assert (equal["n"], equal["per_seed"]) == (1, pytest.approx([0.5]))  # seed 2: 500 vs 1000
+    settled = quality.paired(both["combined"], both["debcse"], "longest")
+    assert settled["per_seed"] == pytest.approx([0.5, 0.8])
+    assert quality.paired(both["debcse"], both["simcse"])["per_seed"] == pytest.approx([2.5])
+    target = "DebCSE >= SimCSE + 1.0 (cls)"
+    assert dict(quality.targets(list(summary.values())))[target] == "met: +2.50 over 1 seed"
+    assert dict(quality.targets(list(summary.values()), "cls", "longest"))[target] == (
+        "met: +1.35 [-3.10, +5.80] over 2 seeds"
+    )
     # A rerun is its own folder and record: a recorded one is skipped like any run.
     quality.run_one(runs, records, "simcse", "cls", 1, {}, {}, None, steps=1000)
     assert "simcse / cls / seed 1 (1000 steps): done before, kept" in capsys.readouterr().out
