@@ -246,12 +246,13 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         paired = [s for s in seeds if by_seed[s]["steps"] in base_runs.get(s, {})]
         diffs = [by_seed[s]["avg"] - base_runs[s][by_seed[s]["steps"]]["avg"] for s in paired]
         mean_d, sd_d = _mean_sd(diffs)
+        # Every run's average by seed and length: what rows are paired on.
+        avgs = {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds}
+        base_avgs = {s: {n: r["avg"] for n, r in by_n.items()} for s, by_n in base_runs.items()}
         # The settled reading: each seed's longest run against the baseline's longest run of
         # the same seed, whatever their lengths (a settled 500-step run against an unsettled
         # baseline's 1,000-step rerun); ``mixed`` names the seeds whose lengths differ.
-        longest = [s for s in seeds if s in base_runs]
-        base_long = {s: base_runs[s][max(base_runs[s])] for s in longest}
-        diffs_l = [by_seed[s]["avg"] - base_long[s]["avg"] for s in longest]
+        longest = _per_seed(avgs, base_avgs, "longest")
         out.append(
             {
                 "row": row,
@@ -268,15 +269,11 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                     "ci95": interval(diffs),
                 },  # fmt: skip
                 "diff_longest": {
-                    "seeds": longest,
-                    "mixed": [s for s in longest if by_seed[s]["steps"] != base_long[s]["steps"]],
-                    "per_seed": diffs_l,
-                    "mean": _mean_sd(diffs_l)[0],
-                    "sd": _mean_sd(diffs_l)[1],
-                    "ci95": interval(diffs_l),
-                },  # fmt: skip
-                # Every run's average by seed and length: what rows are paired on.
-                "runs": {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds},
+                    "seeds": list(longest),
+                    "mixed": [s for s in longest if max(avgs[s]) != max(base_avgs[s])],
+                    **_spread(list(longest.values())),
+                },
+                "runs": avgs,
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
                 # The dev score the run kept (mean over seeds): what a default is chosen by.
                 "best_dev": _mean_sd(
@@ -302,20 +299,38 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     return out
 
 
-def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
-    """Row ``a``'s average minus row ``b``'s, seed by seed on the seeds both have: the
-    differences, their mean, sd and 95% interval (t over seeds). ``lengths``: ``equal`` pairs
-    the two rows' runs of the same length (the longest both have; a seed without one is left
-    out), ``longest`` each seed's longest runs whatever their lengths (the settled reading)."""
-    diffs = []
-    for seed in sorted(set(a["runs"]) & set(b["runs"])):
-        ra, rb = a["runs"][seed], b["runs"][seed]
+def _per_seed(a: dict[int, dict[int, float]], b: dict[int, dict[int, float]], lengths: str):
+    """``a``'s average minus ``b``'s ({seed: {steps: avg}}) on the seeds both have, by seed.
+    ``lengths``: ``equal`` pairs runs of the same length (the longest both have; a seed without
+    one is left out), ``longest`` each seed's longest runs whatever their lengths."""
+    out: dict[int, float] = {}
+    for seed in sorted(set(a) & set(b)):
+        ra, rb = a[seed], b[seed]
         if lengths == "longest":
-            diffs.append(ra[max(ra)] - rb[max(rb)])
+            out[seed] = ra[max(ra)] - rb[max(rb)]
         elif common := set(ra) & set(rb):
-            diffs.append(ra[max(common)] - rb[max(common)])
+            out[seed] = ra[max(common)] - rb[max(common)]
+    return out
+
+
+def _spread(diffs: list[float]) -> dict[str, Any]:
+    """Differences seed by seed with their mean, sd and 95% interval (t over seeds)."""
     mean, sd = _mean_sd(diffs)
-    return {"per_seed": diffs, "n": len(diffs), "mean": mean, "sd": sd, "ci95": interval(diffs)}
+    return {"per_seed": diffs, "mean": mean, "sd": sd, "ci95": interval(diffs)}
+
+
+def mixed_lengths(summary: list[dict[str, Any]]) -> bool:
+    """Whether some row's longest run of a seed differs in length from the baseline's (the
+    table then reads the differences both ways)."""
+    return any(s["diff_longest"]["mixed"] for s in summary)
+
+
+def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
+    """Row ``a``'s average minus row ``b``'s, seed by seed on the seeds both have (see
+    :func:`_per_seed` for ``lengths``: ``equal`` or ``longest``, the settled reading): the
+    differences, their number, mean, sd and 95% interval (t over seeds)."""
+    diffs = list(_per_seed(a["runs"], b["runs"], lengths).values())
+    return {"n": len(diffs), **_spread(diffs)}
 
 
 def _ci(ci: tuple[float, float] | None) -> str:
@@ -409,7 +424,7 @@ def markdown(
 ) -> str:
     """The docs-ready table: untrained starts, then every (row, start)."""
     # Where a seed's longest runs differ in length from the baseline's, a second Δ reads them.
-    mixed = any(s["diff_longest"]["mixed"] for s in summary)
+    mixed = mixed_lengths(summary)
     head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
     head += ["Δ, longest runs"] if mixed else []
     head += ["dev", "best step", "train s"]
@@ -1143,7 +1158,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
              targets(summary, start)]  # fmt: skip
     text += "\nTargets (runs of equal length):\n\n" + "\n".join(lines) + "\n"
-    if any(s["diff_longest"]["mixed"] for s in summary):
+    if mixed_lengths(summary):
         lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
                  targets(summary, start, "longest")]  # fmt: skip
         text += "\nTargets (each seed's longest runs, the settled reading):\n\n"
