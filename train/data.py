@@ -25,7 +25,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from pairforge.pipeline.plumbing.errors import PairforgeError
-from pairforge.pipeline.plumbing.shards import read_manifest, verified_shard_path
+from pairforge.pipeline.plumbing.shards import (
+    DECODE_THREADS,
+    read_manifest,
+    verified_shard_path,
+)
 from pairforge.pipeline.plumbing.storage import dataset_path
 
 TEXT_KIND = "text"
@@ -203,7 +207,7 @@ class RowStream:
             if row < start + size:
                 if self._group is None or self._group[:2] != (index, group):
                     table = pq.ParquetFile(self.source.verified(index)).read_row_group(
-                        group, columns=self.source.columns
+                        group, columns=self.source.columns, use_threads=DECODE_THREADS
                     )
                     self._group = (index, group, table)
                 return self._group[2], start

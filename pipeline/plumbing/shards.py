@@ -77,6 +77,12 @@ _PROCESS_START = time.monotonic()
 
 # Shards whose Arrow data is at most this size are encoded in memory before they are written.
 IN_MEMORY_SHARD_BYTES = 256 << 20
+# Parquet decodes on the reading thread, not on Arrow's thread pool (every reader of shards and
+# corpora passes this): a process that had read from a store (fsspec's event-loop thread alive)
+# and decoded on that pool aborted at exit about one time in thirty under load, after its work was
+# done ("terminate called without an active exception", exit -6; apache/arrow#34314), which fails
+# a DVC stage whose outputs are written. tests/pipeline/test_storage.py checks no pool starts.
+DECODE_THREADS = False
 
 
 def shard_name(index: int) -> str:
@@ -729,7 +735,7 @@ def read_verified_shard(
         pf = pq.ParquetFile(source)
         if spec is not None:
             check_arrow_schema(pf.schema_arrow, spec, f"{folder}/{shard['file']}")
-        table = pf.read(columns=columns)
+        table = pf.read(columns=columns, use_threads=DECODE_THREADS)
     except (pa.ArrowException, OSError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise CorruptShardError(

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
 from pairforge.pipeline.plumbing.shards import (
+    DECODE_THREADS,
     Dataset,
     open_dataset,
     read_manifest,
@@ -117,7 +118,7 @@ def iter_vectors(dataset: Dataset, index: int) -> Iterator[tuple[pa.Array, np.nd
             f"rows, manifest says {shard['rows']}"
         )
     for group in range(pf.num_row_groups):
-        table = pf.read_row_group(group, columns=[S.ID, S.VECTOR])
+        table = pf.read_row_group(group, columns=[S.ID, S.VECTOR], use_threads=DECODE_THREADS)
         yield table[S.ID].combine_chunks(), vectors_of(table, dim, name)
 
 

@@ -23,6 +23,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.shards import DECODE_THREADS
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet")
 _SUFFIX_FORMAT = {
@@ -434,7 +435,9 @@ def _read_parquet(
     ):
         raise InputError(f"{file.path}: column {field_name!r} is {kind}, not text")
     number = 0
-    batches = pf.iter_batches(columns=[field_name], batch_size=block_rows)
+    batches = pf.iter_batches(
+        columns=[field_name], batch_size=block_rows, use_threads=DECODE_THREADS
+    )
     while True:
         try:
             batch = next(batches, None)

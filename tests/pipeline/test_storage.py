@@ -86,6 +86,35 @@ def test_a_dataset_in_a_bucket_has_the_bytes_and_manifest_of_a_local_one(bucket,
     assert f"{url}: ok: 3 shards, 30 rows" in verified.stdout
 
 
+def test_a_shard_decodes_without_starting_arrows_thread_pool(tmp_path):
+    # A process that had read from a store and decoded on Arrow's thread pool could abort at exit
+    # after its work (exit -6: apache/arrow#34314), so shards decode on the reading thread. The
+    # process's thread count, before and after a verified read, then after pyarrow's own threaded
+    # read (which shows the count sees the pool start).
+    _write(tmp_path / "sentences")
+    script = textwrap.dedent(f"""
+        import os
+        import pyarrow.parquet as pq
+        from tests.pipeline.test_storage import SPEC
+        from pairforge.pipeline.plumbing.shards import open_dataset
+
+        def threads():
+            return len(os.listdir("/proc/self/task"))
+
+        before = threads()
+        table = open_dataset({str(tmp_path / "sentences")!r}, SPEC, verify=True).read_table()
+        after = threads()
+        pq.read_table({str(tmp_path / "sentences" / "data")!r})
+        print(table.num_rows, after - before, threads() > after)
+    """)
+    other = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.split() == ["30", "0", "True"]
+
+
 def test_a_writer_killed_in_a_bucket_resumes_and_no_reader_sees_the_partial_dataset(
     bucket, tmp_path, caplog
 ):
