@@ -27,6 +27,7 @@ import torch
 from pairforge.pipeline.plumbing.errors import PairforgeError
 from pairforge.pipeline.plumbing.shards import (
     DECODE_THREADS,
+    open_parquet,
     read_manifest,
     verified_shard_path,
 )
@@ -193,7 +194,7 @@ class RowStream:
 
     def _group_sizes(self, index: int) -> list[int]:
         if index not in self._sizes:
-            metadata = pq.ParquetFile(self.source.verified(index)).metadata
+            metadata = open_parquet(self.source.verified(index)).metadata
             self._sizes[index] = [
                 metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)
             ]
@@ -206,7 +207,7 @@ class RowStream:
         for group, size in enumerate(self._group_sizes(index)):
             if row < start + size:
                 if self._group is None or self._group[:2] != (index, group):
-                    table = pq.ParquetFile(self.source.verified(index)).read_row_group(
+                    table = open_parquet(self.source.verified(index)).read_row_group(
                         group, columns=self.source.columns, use_threads=DECODE_THREADS
                     )
                     self._group = (index, group, table)

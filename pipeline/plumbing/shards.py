@@ -77,12 +77,19 @@ _PROCESS_START = time.monotonic()
 
 # Shards whose Arrow data is at most this size are encoded in memory before they are written.
 IN_MEMORY_SHARD_BYTES = 256 << 20
-# Parquet decodes on the reading thread, not on Arrow's thread pool (every reader of shards and
-# corpora passes this): a process that had read from a store (fsspec's event-loop thread alive)
-# and decoded on that pool aborted at exit about one time in thirty under load, after its work was
-# done ("terminate called without an active exception", exit -6; apache/arrow#34314), which fails
-# a DVC stage whose outputs are written. tests/pipeline/test_storage.py checks no pool starts.
+# Parquet decodes on the reading thread, not on Arrow's thread pools (every reader of shards and
+# corpora opens its file with :func:`open_parquet` and passes this): a process that had read from a
+# store (fsspec's event-loop thread alive) and decoded on the CPU pool aborted at exit about one
+# time in thirty under load, after its work was done ("terminate called without an active
+# exception", exit -6; apache/arrow#34314), which fails a DVC stage whose outputs are written.
+# tests/pipeline/test_storage.py checks that no reader starts a pool thread.
 DECODE_THREADS = False
+
+
+def open_parquet(source: Any) -> pq.ParquetFile:
+    """A Parquet file to read on the calling thread: without pre-buffering, which reads a local
+    file's column chunks on Arrow's I/O thread pool (pairforge reads local files and buffers)."""
+    return pq.ParquetFile(source, pre_buffer=False)
 
 
 def shard_name(index: int) -> str:
@@ -732,7 +739,7 @@ def read_verified_shard(
             _check_size(file, shard, identity[3], label, stage)
         source = pa.BufferReader(pa.py_buffer(_verified_bytes(file, shard, label, stage)))
     try:
-        pf = pq.ParquetFile(source)
+        pf = open_parquet(source)
         if spec is not None:
             check_arrow_schema(pf.schema_arrow, spec, f"{folder}/{shard['file']}")
         table = pf.read(columns=columns, use_threads=DECODE_THREADS)

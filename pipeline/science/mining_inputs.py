@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
 from pairforge.pipeline.plumbing.shards import (
     DECODE_THREADS,
     Dataset,
     open_dataset,
+    open_parquet,
     read_manifest,
 )
 from pairforge.pipeline.plumbing.storage import dataset_path
@@ -109,7 +109,7 @@ def iter_vectors(dataset: Dataset, index: int) -> Iterator[tuple[pa.Array, np.nd
     checked like ``vectors_of`` (and the shard against its schema and manifest row count)."""
     dim, _ = embeddings_layout(dataset.path)
     shard = dataset.manifest["shards"][index]
-    pf = pq.ParquetFile(dataset.shard_path(index))  # size and checksum checked first
+    pf = open_parquet(dataset.shard_path(index))  # size and checksum checked first
     name = f"{dataset.path}/{shard['file']}"
     S.check_arrow_schema(pf.schema_arrow, dataset.spec, name)
     if pf.metadata.num_rows != shard["rows"]:

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.shards import DECODE_THREADS
+from pairforge.pipeline.plumbing.shards import DECODE_THREADS, open_parquet
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet")
 _SUFFIX_FORMAT = {
@@ -414,7 +413,7 @@ def _read_parquet(
     file: InputFile, field_name: str, max_line_bytes: int, block_rows: int = 65_536
 ) -> Iterator[RawBlock]:
     try:
-        pf = pq.ParquetFile(file.path)
+        pf = open_parquet(file.path)
     except (pa.ArrowException, OSError) as exc:
         state = "empty (0 bytes)" if file.size == 0 else f"corrupt or not Parquet ({exc})"
         raise InputError(

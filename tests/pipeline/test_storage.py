@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pairforge.pipeline.plumbing import locks
 from pairforge.pipeline.plumbing.errors import (
@@ -32,6 +33,7 @@ from pairforge.pipeline.plumbing.shards import (
 from pairforge.pipeline.plumbing.storage import RemotePath, dataset_path, is_url
 
 from tests.conftest import ROOT, run_cli
+from tests.pipeline.test_integrity import EMB16, write
 from tests.train.builders import pairs_rows, write_pairs
 
 SPEC = SchemaSpec(
@@ -86,33 +88,53 @@ def test_a_dataset_in_a_bucket_has_the_bytes_and_manifest_of_a_local_one(bucket,
     assert f"{url}: ok: 3 shards, 30 rows" in verified.stdout
 
 
-def test_a_shard_decodes_without_starting_arrows_thread_pool(tmp_path):
+def test_no_reader_starts_arrows_thread_pool(tmp_path):
     # A process that had read from a store and decoded on Arrow's thread pool could abort at exit
-    # after its work (exit -6: apache/arrow#34314), so shards decode on the reading thread. The
-    # process's thread count, before and after a verified read, then after pyarrow's own threaded
-    # read (which shows the count sees the pool start).
+    # after its work (exit -6: apache/arrow#34314), so every reader decodes on the reading thread,
+    # without pre-buffering (which reads a local file on Arrow's I/O pool): the verified shard read,
+    # mining's embeddings reader, the trainer's row stream and ingest's Parquet corpus reader. The
+    # process's thread count after them is the count before; after pyarrow's own read it is higher
+    # (the count sees a pool start).
     _write(tmp_path / "sentences")
+    write(tmp_path / "emb", EMB16)
+    write_pairs(tmp_path / "pairs", pairs_rows([f"sentence number {i} here" for i in range(40)]))
+    pq.write_table(
+        pa.table({"text": [f"line {i}" for i in range(30)]}), tmp_path / "corpus.parquet"
+    )
+    for file in tmp_path.rglob("*"):  # a minute old: local shards read from their path, verified
+        os.utime(file, (file.stat().st_atime - 60, file.stat().st_mtime - 60))
     script = textwrap.dedent(f"""
         import os
         import pyarrow.parquet as pq
+        from tests.pipeline.test_integrity import EMB16
         from tests.pipeline.test_storage import SPEC
+        from pairforge.pipeline.plumbing import schemas as S
         from pairforge.pipeline.plumbing.shards import open_dataset
+        from pairforge.pipeline.science.mining_inputs import iter_vectors, open_embeddings
+        from pairforge.pipeline.science.readers import read_blocks, resolve_inputs
+        from pairforge.train.data import PairsSource, RowStream
 
         def threads():
             return len(os.listdir("/proc/self/task"))
 
-        before = threads()
-        table = open_dataset({str(tmp_path / "sentences")!r}, SPEC, verify=True).read_table()
+        folder = {str(tmp_path)!r}
+        before, rows = threads(), []
+        rows.append(open_dataset(folder + "/sentences", SPEC, verify=True).read_table().num_rows)
+        rows.append(sum(len(ids) for ids, _ in iter_vectors(open_embeddings(folder + "/emb"), 0)))
+        source = PairsSource(folder + "/pairs").select([S.TEXT])
+        rows.append(len(RowStream(source, buffer_size=8, seed=1).take(25)))
+        files = resolve_inputs([folder + "/corpus.parquet"])
+        rows.append(sum(len(block) for block in read_blocks(files, "text", 1 << 16)))
         after = threads()
-        pq.read_table({str(tmp_path / "sentences" / "data")!r})
-        print(table.num_rows, after - before, threads() > after)
+        pq.read_table(folder + "/sentences/data")
+        print(*rows, after - before, threads() > after)
     """)
     other = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )  # fmt: skip
     assert other.returncode == 0, other.stderr
-    assert other.stdout.split() == ["30", "0", "True"]
+    assert other.stdout.split() == ["30", "40", "25", "30", "0", "True"]
 
 
 def test_a_writer_killed_in_a_bucket_resumes_and_no_reader_sees_the_partial_dataset(
