@@ -413,10 +413,11 @@ def dev_choices(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
     ]
 
 
-def _pm(mean: float | None, sd: float | None) -> str:
+def _pm(mean: float | None, sd: float | None, signed: bool = False) -> str:
     if mean is None:
         return ""
-    return f"{mean:.2f}" if sd is None else f"{mean:.2f} ± {sd:.2f}"
+    m = f"{mean:+.2f}" if signed else f"{mean:.2f}"
+    return m if sd is None else f"{m} ± {sd:.2f}"
 
 
 def markdown(
@@ -440,10 +441,10 @@ def markdown(
         cells = [label, s["start"], str(len(s["seeds"]))]
         cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
         cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
-        cells += ["" if s["row"] == "simcse" else _pm(d["mean"], d["sd"]) + _ci(d["ci95"])]
-        if mixed:
-            dl = s["diff_longest"]
-            cells += ["" if s["row"] == "simcse" else _pm(dl["mean"], dl["sd"]) + _ci(dl["ci95"])]
+        diffs = [d, s["diff_longest"]] if mixed else [d]
+        for dd in diffs:  # Δ is signed: a reader must not take 0.14 for an average
+            delta = _pm(dd["mean"], dd["sd"], signed=True) + _ci(dd["ci95"])
+            cells += ["" if s["row"] == "simcse" else delta]
         dev = s.get("best_dev", (None, None))
         cells += [_pm(dev[0], None)]
         cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]

@@ -173,7 +173,7 @@ def test_markdown_lists_every_row_with_its_spread(records):
     assert lines[0].startswith("| row | start | seeds | STS12 |")
     assert "| MiniLM, untrained | cls |" in lines[2]
     cal = next(line for line in lines if line.startswith("| + negatives by IPW, calibrated"))
-    assert "**77.67 ± 1.04**" in cal and "| 1.67 ± 0.29 [+0.95, +2.38] |" in cal
+    assert "**77.67 ± 1.04**" in cal and "| +1.67 ± 0.29 [+0.95, +2.38] |" in cal
     assert "500 steps x 64 rows" in text and "(all pairs each)" in text
     assert "ipw_calibrated/cls seeds [3]" in text
 
@@ -458,8 +458,8 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     assert summary["peer"]["diff_longest"]["per_seed"] == peer["diff"]["per_seed"]
     head = text.splitlines()[0].split(" | ")
     debcse = next(line for line in text.splitlines() if line.startswith("| DebCSE")).split(" | ")
-    assert debcse[head.index("Δ vs SimCSE (paired)")] == "2.50"  # seed 1 only, at 500 steps
-    assert debcse[head.index("Δ, longest runs")] == "1.35 ± 0.49 [-3.10, +5.80]"
+    assert debcse[head.index("Δ vs SimCSE (paired)")] == "+2.50"  # seed 1 only, at 500 steps
+    assert debcse[head.index("Δ, longest runs")] == "+1.35 ± 0.49 [-3.10, +5.80]"
     assert "seeds of unequal lengths: debcse/cls [1, 2]" in text
     # Two rows paired with each other, not through the baseline: at equal lengths only the
     # seeds where both have a run of the same length (the longest such), at the longest runs
