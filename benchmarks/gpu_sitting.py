@@ -10,11 +10,15 @@ every call but the last ``receive``s its part; the last one receives and ``run``
 archive's sha256, installs, trains the rows x seeds with ``quality.py`` until a deadline inside
 the call's limit (runs finish or are lost whole: the records of finished runs are kept), reruns
 one seed of SimCSE apart to measure run-to-run difference, and writes the records to ``$OUT``.
-Back on the CPU machine ``unpack`` puts them where the table reads them.
+A sitting longer than one call's limit runs detached (``run --detach``: a process session of its
+own, which outlives the call while the machine is held) and the calls after it ``collect`` its
+records. Back on the CPU machine ``unpack`` puts them where the table reads them.
 
     python benchmarks/gpu_sitting.py pack                  # CPU: .sitting/part-N, the calls to make
     python benchmarks/gpu_sitting.py receive .sitting/part-1            # device, each call
     python benchmarks/gpu_sitting.py run --budget 540 ...               # device, the last call
+    python benchmarks/gpu_sitting.py run --budget 740 --detach --wait 560   # or past its limit,
+    python benchmarks/gpu_sitting.py collect --wait 210                 # then the next call
     python benchmarks/gpu_sitting.py unpack <files_at>/records.tar.gz   # CPU
     python benchmarks/gpu_sitting.py dry-run               # CPU: pack, receive, assemble, check
 """
@@ -63,6 +67,12 @@ DEVICE_JOBS = 12
 # Recorded runs whose best dev step is in the last 20% are rerun with this many steps first.
 SETTLE_STEPS = 1000
 DEVICE_FLAGS = ("--threads", "1", "--precision", "bf16", "--save-every", "500")
+SCRIPT = "benchmarks/gpu_sitting.py"
+# A device call runs at most 600 s. A sitting with a longer budget runs detached and each call
+# waits on it at most CALL_WAIT s (room left for the receive and the copies); it ends within
+# GRACE s of its budget (SIGTERM, SIGKILL 20 s later, the last snapshot).
+CALL_WAIT = 560
+GRACE = 30
 
 
 def sha256(path: Path) -> str:
@@ -237,24 +247,35 @@ def _no_bytecode(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in info.name or info.name.endswith(".pyc") else info
 
 
-def device_calls(
-    manifest: dict, into: Path, budget: int = 540, script: str = "benchmarks/gpu_sitting.py"
-) -> list[dict]:
+def device_calls(manifest: dict, into: Path, budget: int = 540, script: str = SCRIPT) -> list[dict]:
     """The device tool's calls, in order: each carries one part; the last one runs ``script``
-    (the sitting, or ``benchmarks/gpu_check.py``) with ``run --budget``."""
+    (the sitting, or ``benchmarks/gpu_check.py``) with ``run --budget``. A sitting whose budget
+    is longer than one call waits runs detached, and ``collect`` calls follow until it ends (each
+    made at once: the machine stays warm 30 s after a call)."""
     if not into.resolve().is_relative_to(ROOT):
         raise SystemExit(f"gpu_sitting: {into} is outside the checkout; a device call carries "
                          "only paths inside it (and ignored by git)")  # fmt: skip
+    detach = budget > CALL_WAIT
+    if detach and script != SCRIPT:
+        raise SystemExit(f"gpu_sitting: {script} runs within one call ({CALL_WAIT} s at most)")
     rel = into.resolve().relative_to(ROOT)
     calls = []
     n = len(manifest["parts"])
     for part in manifest["parts"]:
         path = f"{rel}/part-{part['part']}"
-        command = f"python3 benchmarks/gpu_sitting.py receive {path}"
+        command = f"python3 {SCRIPT} receive {path}"
         if part["part"] == n:
             command += f" && PYTHONUNBUFFERED=1 python3 {script} run --budget {budget}"
+            if detach:
+                command += f" --detach --wait {CALL_WAIT}"
         calls.append({"carry": [path], "command": command,
                       "timeout_s": 600 if part["part"] == n else 120})  # fmt: skip
+    left = budget + GRACE - CALL_WAIT if detach else 0
+    while left > 0:
+        wait = min(left, CALL_WAIT)
+        calls.append({"carry": [], "command": f"python3 {SCRIPT} collect --wait {wait}",
+                      "timeout_s": wait + 40})  # fmt: skip
+        left -= wait
     return calls
 
 
@@ -368,7 +389,8 @@ def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: 
 
 def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dict:
     """The sitting: assemble, install, the quality runs until ``budget`` seconds from now
-    (records into the checkout's records, so a run recorded by an earlier sitting is skipped),
+    (records beside the checkout's copy of them, so a run recorded by an earlier sitting is
+    skipped: :func:`seed_records`),
     unless the manifest says not SimCSE's seed 1 once more in a folder of its own (the
     run-to-run difference), and the settings' records (with a summary) into ``out`` ($OUT)."""
     t0 = time.monotonic()
@@ -381,9 +403,9 @@ def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dic
     path = f"{site}:{os.environ['PYTHONPATH']}" if os.environ.get("PYTHONPATH") else str(site)
     env = dict(os.environ, PYTHONPATH=path, PAIRFORGE_SHARED_DATA=str(tree / "shared"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")  # fmt: skip
-    records = ROOT / "benchmarks/results/quality"
-    repeat_records = home / "records-repeat"
     settings = manifest["settings"]
+    records = seed_records(settings, home)
+    repeat_records = home / "records-repeat"
     # The repeat needs SimCSE's pairs and the mining's record only, and the untrained scores
     # once the table has them (it waits for nothing: without them it scores its own).
     repeat_pipeline = tree / "run-repeat" / manifest["pipeline"]
@@ -423,6 +445,74 @@ def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dic
     summary = json.loads((logs / "sitting.json").read_text())
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def seed_records(settings: str, home: Path = DEVICE_HOME,
+                 source: Path = ROOT / "benchmarks/results/quality") -> Path:  # fmt: skip
+    """The records folder the sitting writes to: ``home/records``, holding a copy of the
+    checkout's records of ``settings`` (runs recorded by earlier sittings are skipped). Not the
+    checkout itself: each call copies the working tree over it again, which could take the
+    records of a sitting still running detached."""
+    records = home / "records"
+    if (source / settings).is_dir():
+        shutil.copytree(source / settings, records / settings, dirs_exist_ok=True)
+    (records / settings).mkdir(parents=True, exist_ok=True)
+    return records
+
+
+def detach(argv: list[str], home: Path = DEVICE_HOME, env: dict | None = None) -> int:
+    """Start ``argv`` (the sitting) in a process session of its own, which outlives the call
+    while the machine is held, its output in ``home/sitting.log`` and its pid in
+    ``home/sitting.pid``; its ``$OUT`` is ``home/out``, emptied first. Returns the pid."""
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(home / "out", ignore_errors=True)
+    (home / "out").mkdir()
+    env = dict(os.environ if env is None else env, OUT=str(home / "out"), PYTHONUNBUFFERED="1")
+    with (home / "sitting.log").open("w") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    (home / "sitting.pid").write_text(str(proc.pid))
+    return proc.pid
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs: reaped here when it is this process's child (the call that
+    started it), else asked of the system (a later call's; init reaps it)."""
+    with contextlib.suppress(ChildProcessError):
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def collect(wait: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dict:
+    """Wait up to ``wait`` seconds for the detached sitting to end, then copy its archives so
+    far (records, logs: rewritten every minute) into ``out`` ($OUT). Returns and prints whether
+    it still runs and, once it has ended, its summary."""
+    pid_file = home / "sitting.pid"
+    if not pid_file.exists():
+        raise SystemExit(f"sitting: no detached sitting in {home} (run --detach first)")
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + wait
+    while (running := _alive(pid)) and time.monotonic() < deadline:
+        time.sleep(1)
+    out = Path(out or os.environ.get("OUT", home / "collected"))
+    out.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in ("records.tar.gz", "logs.tar.gz"):
+        if (home / "out" / name).exists():
+            shutil.copy2(home / "out" / name, out / name)
+            copied.append(name)
+    summary = home / "logs" / "sitting.json"
+    status = {"running": running, "pid": pid, "copied": copied,
+              "summary": None if running or not summary.exists()
+              else json.loads(summary.read_text())}  # fmt: skip
+    print(json.dumps(status), flush=True)
+    return status
 
 
 def _nvidia_smi() -> str | None:
@@ -510,6 +600,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("part")
     p = sub.add_parser("run")
     p.add_argument("--budget", type=float, default=540)
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in a process session of its own, past this call (then: collect)",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=CALL_WAIT,
+        help="with --detach: seconds this call waits on it before returning",
+    )
+    p = sub.add_parser("collect")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=CALL_WAIT,
+        help="seconds to wait for the detached sitting to end",
+    )
     p = sub.add_parser("unpack")
     p.add_argument("archive")
     args = parser.parse_args(argv)
@@ -528,8 +636,13 @@ def main(argv: list[str] | None = None) -> None:
                 args.part_mib)  # fmt: skip
     elif args.command == "receive":
         receive(Path(args.part))
+    elif args.command == "run" and args.detach:
+        detach([sys.executable, str(Path(__file__).resolve()), "run", "--budget", str(args.budget)])
+        collect(args.wait)
     elif args.command == "run":
         run(args.budget)
+    elif args.command == "collect":
+        collect(args.wait)
     elif args.command == "unpack":
         for path in unpack(Path(args.archive)):
             print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)

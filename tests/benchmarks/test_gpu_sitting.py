@@ -186,3 +186,69 @@ def test_unpack_writes_records_only_under_their_settings(tmp_path):
         "s500-x/simcse/cls/seed1.json",
     ]
     assert not (tmp_path / "repo/escape.json").exists() and not (tmp_path / "escape.json").exists()
+
+
+def test_a_sitting_past_one_call_runs_detached_and_later_calls_collect(
+    mined, package, shared, tmp_path
+):
+    into = sitting.ROOT / ".sitting-test-detach"
+    try:
+        manifest = pack(mined, package, shared, into)
+        within = sitting.device_calls(manifest, into, budget=sitting.CALL_WAIT)
+        past = sitting.device_calls(manifest, into, budget=1500)
+    finally:
+        import shutil
+
+        shutil.rmtree(into, ignore_errors=True)
+    assert "--detach" not in within[-1]["command"] and len(within) == len(manifest["parts"])
+    n = len(manifest["parts"])
+    assert past[n - 1]["command"].endswith(f"run --budget 1500 --detach --wait {sitting.CALL_WAIT}")
+    collects = past[n:]
+    waits = [int(c["command"].rsplit(" ", 1)[1]) for c in collects]
+    # the calls together wait the whole budget and the sitting's stop, each within one call
+    assert sitting.CALL_WAIT + sum(waits) == 1500 + sitting.GRACE
+    assert all(
+        w <= sitting.CALL_WAIT and c["timeout_s"] <= 600
+        for w, c in zip(waits, collects, strict=True)
+    )
+    assert all(
+        c["carry"] == [] and "gpu_sitting.py collect --wait" in c["command"] for c in collects
+    )
+    with pytest.raises(SystemExit, match="within one call"):
+        sitting.device_calls(manifest, sitting.ROOT, budget=1500, script="benchmarks/gpu_check.py")
+
+
+def test_the_detached_sitting_outlives_its_caller_and_is_collected(tmp_path):
+    import os
+
+    home, first, later = tmp_path / "home", tmp_path / "out1", tmp_path / "out2"
+    (home / "out").mkdir(parents=True)
+    (home / "out/records.tar.gz").write_bytes(b"stale: another sitting's")
+    script = (
+        "import os, time, pathlib; time.sleep(2); out = pathlib.Path(os.environ['OUT']); "
+        "(out / 'records.tar.gz').write_bytes(b'records'); (out / 'logs.tar.gz').write_bytes(b'logs')"
+    )
+    pid = sitting.detach([sys.executable, "-c", script], home, env={})
+    assert os.getsid(pid) == pid  # a session of its own: a call's end does not take it
+    assert not (home / "out/records.tar.gz").exists()  # the stale archive is gone
+    running = sitting.collect(0.2, home, first)
+    assert running["running"] and running["copied"] == [] and not any(first.iterdir())
+    ended = sitting.collect(30, home, later)
+    assert not ended["running"] and ended["copied"] == ["records.tar.gz", "logs.tar.gz"]
+    assert (later / "records.tar.gz").read_bytes() == b"records"
+    assert not sitting._alive(pid)  # reaped, not a zombie counted as running
+    with pytest.raises(SystemExit, match="no detached sitting"):
+        sitting.collect(0, tmp_path / "elsewhere", later)
+
+
+def test_the_sitting_keeps_its_records_outside_the_checkout(tmp_path):
+    source = tmp_path / "repo/benchmarks/results/quality"
+    for settings in ("s500-a", "s500-b"):
+        (source / settings / "simcse/cls").mkdir(parents=True)
+        (source / settings / "simcse/cls/seed1.json").write_text(json.dumps({"s": settings}))
+    records = sitting.seed_records("s500-a", tmp_path / "home", source)
+    assert records == tmp_path / "home/records"
+    assert json.loads((records / "s500-a/simcse/cls/seed1.json").read_text()) == {"s": "s500-a"}
+    assert not (records / "s500-b").exists()  # only the sitting's settings travel along
+    fresh = sitting.seed_records("s500-new", tmp_path / "home2", source)
+    assert (fresh / "s500-new").is_dir() and not any((fresh / "s500-new").iterdir())
