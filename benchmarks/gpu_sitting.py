@@ -389,8 +389,8 @@ def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: 
 
 def run(budget: float, home: Path = DEVICE_HOME, out: Path | None = None) -> dict:
     """The sitting: assemble, install, the quality runs until ``budget`` seconds from now
-    (records beside the checkout's copy of them, so a run recorded by an earlier sitting is
-    skipped: :func:`seed_records`),
+    (records into a copy of the checkout's, :func:`seed_records`, so a run recorded by an
+    earlier sitting is skipped),
     unless the manifest says not SimCSE's seed 1 once more in a folder of its own (the
     run-to-run difference), and the settings' records (with a summary) into ``out`` ($OUT)."""
     t0 = time.monotonic()
