@@ -60,7 +60,7 @@ DEVICE_WHEELS = (
 # Issue 27's rows, the decisive ones first; seed-major, so a sitting cut short keeps whole seeds.
 DEFAULT_ROWS = (
     "simcse", "peer", "peer_top", "ipw_calibrated", "knn_calibrated", "knn_posaware", "debcse",
-    "combined", "translation",
+    "combined", "translation", "knn_uniform",
 )  # fmt: skip
 DEFAULT_SEEDS = (1, 2, 3, 4, 5)
 DEVICE_JOBS = 12
@@ -167,11 +167,14 @@ def pack(
     jobs: int = DEVICE_JOBS,
     repeat: bool = False,
     settle_steps: int | None = SETTLE_STEPS,
+    mean_rows: list[str] | None = None,
 ) -> dict:
     """The archive of what the device needs, split into parts of at most ``part_mib``; returns
     the sitting's manifest (also ``into/sitting.json``). ``jobs``: runs at once on the device;
     ``repeat``: also rerun SimCSE's seed 1 apart (the run-to-run difference); ``settle_steps``:
-    first rerun the recorded runs that had not settled with that many steps (None: not)."""
+    first rerun the recorded runs that had not settled with that many steps (None: not);
+    ``mean_rows``: the rows also trained from mean pooling when ``starts`` has it (None: the
+    driver's default)."""
     q = quality_module()
     args = quality_args(positives)
     pipeline = q.pipeline_folder(args, out)
@@ -197,7 +200,7 @@ def pack(
     manifest = {
         "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
         "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
-        "jobs": jobs, "repeat": repeat, "settle_steps": settle_steps,
+        "jobs": jobs, "repeat": repeat, "settle_steps": settle_steps, "mean_rows": mean_rows,
     }  # fmt: skip
     return split_archive(archive, into, part_mib, manifest)
 
@@ -378,6 +381,8 @@ def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: 
                   "--rows", *manifest["rows"], "--seeds", *map(str, manifest["seeds"]),
                   "--starts", *manifest["starts"], "--jobs", str(manifest.get("jobs", DEVICE_JOBS))],
     }  # fmt: skip
+    if manifest.get("mean_rows") is not None:
+        cmds["table"] += ["--mean-rows", *manifest["mean_rows"]]
     if manifest.get("settle_steps"):
         cmds["table"] += ["--settle-steps", str(manifest["settle_steps"])]
     if manifest.get("repeat", True):
@@ -579,6 +584,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--rows", nargs="*", default=list(DEFAULT_ROWS))
         p.add_argument("--seeds", nargs="*", type=int, default=list(DEFAULT_SEEDS))
         p.add_argument("--starts", nargs="*", default=["cls"])
+        p.add_argument("--mean-rows", nargs="*", default=None,
+                       help="rows also trained from mean pooling (default: the driver's)")  # fmt: skip
         p.add_argument("--positives", default="apertium", choices=["apertium", "standin"])
         p.add_argument("--part-mib", type=float, default=PART_MIB)
         p.add_argument("--into", default=str(SITTING))
@@ -625,7 +632,8 @@ def main(argv: list[str] | None = None) -> None:
         into = Path(args.into).resolve()
         manifest = pack(Path(args.out).resolve(), args.rows, args.seeds, args.starts,
                         args.positives, into, args.part_mib, jobs=args.jobs,
-                        repeat=args.repeat, settle_steps=args.settle_steps or None)  # fmt: skip
+                        repeat=args.repeat, settle_steps=args.settle_steps or None,
+                        mean_rows=args.mean_rows)  # fmt: skip
         sizes = ", ".join(f"{p['bytes'] / MIB:.1f}" for p in manifest["parts"])
         print(f"sitting: {len(manifest['parts'])} parts ({sizes} MiB), settings "
               f"{manifest['settings']}; the device calls, in order:")  # fmt: skip

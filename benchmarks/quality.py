@@ -1074,9 +1074,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", nargs="*", type=int, default=[1, 2, 3])
     parser.add_argument("--starts", nargs="*", default=list(STARTS), choices=list(STARTS))
     parser.add_argument(
-        "--mean-rows", nargs="*", default=["simcse", "peer", "band40_uniform"],
-        help="rows also trained from MiniLM's mean pooling (the baseline, the peer, the best "
-        "pairforge row of the [CLS] table)",
+        "--mean-rows", nargs="*", default=["simcse", "peer", "ipw_calibrated"],
+        help="rows also trained from MiniLM's mean pooling (the baseline, the peer, pairforge's "
+        "best negatives row by dev: the default, docs/quality.md)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch", type=int, default=64)

@@ -133,17 +133,21 @@ def test_the_packed_jobs_and_repeat_reach_the_device_runs(mined, package, shared
     default = pack(mined, package, shared, tmp_path / "a")
     cmds = sitting.quality_commands(default, tmp_path, tmp_path / "r", tmp_path / "rr")
     assert list(cmds) == ["table"]  # the repeat was measured: asked for, not by default
+    assert "--mean-rows" not in cmds["table"]  # the driver's default
     assert cmds["table"][cmds["table"].index("--jobs") + 1] == str(sitting.DEVICE_JOBS)
     assert cmds["table"][-2:] == ["--settle-steps", str(sitting.SETTLE_STEPS)]
     assert cmds["table"][cmds["table"].index("--seeds") + 1 :][:2] == ["1", "2"]
     later = sitting.pack(mined, ["simcse"], [4], ["cls"], "apertium", tmp_path / "b", 0.1,
                          wheels=[], package=package, shared=shared, jobs=5,
-                         repeat=True, settle_steps=None)  # fmt: skip
+                         repeat=True, settle_steps=None,
+                         mean_rows=["simcse", "ipw_calibrated"])  # fmt: skip
     cmds = sitting.quality_commands(later, tmp_path, tmp_path / "r", tmp_path / "rr")
     assert sorted(cmds) == ["repeat", "table"]
     assert cmds["repeat"][cmds["repeat"].index("--rows") + 1 :][:1] == ["simcse"]
     assert cmds["table"][cmds["table"].index("--jobs") + 1] == "5"
     assert cmds["table"].count("--jobs") == 1 and "--settle-steps" not in cmds["table"]
+    i = cmds["table"].index("--mean-rows")  # the rows the mean start trains, as packed
+    assert cmds["table"][i + 1 : i + 3] == ["simcse", "ipw_calibrated"]
 
 
 @pytest.mark.slow
