@@ -1076,7 +1076,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--mean-rows", nargs="*", default=["simcse", "peer", "ipw_calibrated"],
         help="rows also trained from MiniLM's mean pooling (the baseline, the peer, pairforge's "
-        "default negatives, which no other sampler beats on dev: docs/quality.md)",
+        "default negatives, from which no other sampler is separated on dev: docs/quality.md)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch", type=int, default=64)
