@@ -482,7 +482,8 @@ def detach(argv: list[str], home: Path = DEVICE_HOME, env: dict | None = None) -
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs: reaped here when it is this process's child (the call that
-    started it), else asked of the system (a later call's; init reaps it)."""
+    started it), else asked of the system (a later call's; init reaps it). Not the lock module's
+    ``_pid_alive``: pairforge is not importable on the device until the sitting installs it."""
     with contextlib.suppress(ChildProcessError):
         return os.waitpid(pid, os.WNOHANG)[0] == 0
     try:
