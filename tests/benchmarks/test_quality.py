@@ -1,4 +1,5 @@
-"""The quality benchmark's table arithmetic (benchmarks/quality.py) on fixture score files:
+"""The quality benchmark's table arithmetic (benchmarks/quality_table.py), its protocol
+(benchmarks/quality_rows.py) and its runner (benchmarks/quality.py) on fixture score files:
 mean and sample sd over seeds, the paired difference to SimCSE seed by seed, the targets and
 the markdown. No training here: the benchmark's runs take minutes each."""
 
@@ -17,8 +18,10 @@ SPEC = importlib.util.spec_from_file_location(
     "quality_benchmark", Path(__file__).resolve().parents[2] / "benchmarks/quality.py"
 )
 quality = importlib.util.module_from_spec(SPEC)
-sys.modules[SPEC.name] = quality  # dataclasses look their module up there
+sys.modules[SPEC.name] = quality  # registered under its name, as gpu_sitting.py loads it
 SPEC.loader.exec_module(quality)
+import quality_rows as rows  # noqa: E402  (beside quality.py, on the path it sets)
+import quality_table as table  # noqa: E402
 
 
 def record(row: str, seed: int, avg: float, start: str = "cls", best: int = 100) -> dict:
@@ -28,7 +31,7 @@ def record(row: str, seed: int, avg: float, start: str = "cls", best: int = 100)
         "row": row,
         "start": start,
         "seed": seed,
-        "scores": {t: avg + o for t, o in zip(quality.TASKS, offsets, strict=True)},
+        "scores": {t: avg + o for t, o in zip(rows.TASKS, offsets, strict=True)},
         "avg": avg,
         "best_step": best,
         "steps": 500,
@@ -64,7 +67,7 @@ def records(tmp_path) -> list[dict]:
 
 
 def test_mean_sd_and_paired_differences(records):
-    summary = quality.summarize(records)
+    summary = table.summarize(records)
     by = {(s["row"], s["start"]): s for s in summary}
     # ROWS order, then start.
     assert [(s["row"], s["start"]) for s in summary] == [
@@ -104,12 +107,12 @@ def test_mean_sd_and_paired_differences(records):
 
 
 def test_interval_is_t_over_seeds():
-    assert quality.interval([1.0]) is None  # one seed: no interval
-    lo, hi = quality.interval([1.0, 2.0, 3.0, 4.0, 5.0])  # sd 1.581, t(4) 2.776
+    assert table.interval([1.0]) is None  # one seed: no interval
+    lo, hi = table.interval([1.0, 2.0, 3.0, 4.0, 5.0])  # sd 1.581, t(4) 2.776
     assert (lo, hi) == pytest.approx((3 - 2.776 * 1.5811 / math.sqrt(5), 3 + 1.963), abs=1e-3)
     many = [float(i % 7) for i in range(40)]  # beyond the table: the normal's 1.96
-    mean, sd = quality._mean_sd(many)
-    assert quality.interval(many)[1] == pytest.approx(mean + 1.96 * sd / math.sqrt(40))
+    mean, sd = table._mean_sd(many)
+    assert table.interval(many)[1] == pytest.approx(mean + 1.96 * sd / math.sqrt(40))
 
 
 def test_targets_say_met_not_met_and_not_run(records):
@@ -118,7 +121,7 @@ def test_targets_say_met_not_met_and_not_run(records):
     records += [record("peer_top", s, 76.8 + 0.2 * (s - 1)) for s in (1, 2, 3)]
     dev = {"peer": 81.0, "peer_top": 80.0}
     records = [{**r, "best_dev": dev.get(r["row"], 80.5)} for r in records]
-    verdicts = dict(quality.targets(quality.summarize(records), "cls"))
+    verdicts = dict(table.targets(table.summarize(records), "cls"))
     default = verdicts[
         "the default negatives (ipw_calibrated) >= the peer's best setting + 0.3, "
         "interval above 0 (cls)"
@@ -135,7 +138,7 @@ def test_targets_say_met_not_met_and_not_run(records):
     assert verdicts["combined >= the best single row, interval above 0 (cls)"] == (
         "vs ipw_calibrated: NOT met: +0.70 over 1 seed (+0.70)"
     )
-    mean = dict(quality.targets(quality.summarize(records), "mean"))
+    mean = dict(table.targets(table.summarize(records), "mean"))
     assert mean["DebCSE >= SimCSE + 1.0 (mean)"] == "not run"
     assert mean["combined >= the best single row, interval above 0 (mean)"] == "not run"
     assert (
@@ -146,7 +149,7 @@ def test_targets_say_met_not_met_and_not_run(records):
     for r in records:
         if r["row"] == "peer" and r["start"] == "cls":
             r["avg"] = {1: 76.3, 2: 77.8, 3: 78.2}[r["seed"]]
-    verdicts = dict(quality.targets(quality.summarize(records), "cls"))
+    verdicts = dict(table.targets(table.summarize(records), "cls"))
     assert [v for k, v in verdicts.items() if k.startswith("the default")][0].startswith(
         "vs peer (best peer setting by dev): NOT met: +0.23 ["
     )
@@ -155,7 +158,7 @@ def test_targets_say_met_not_met_and_not_run(records):
 def test_negatives_rows_are_ranked_by_dev_not_by_test(records):
     dev = {"peer": 81.5, "ipw_calibrated": 80.2, "uniform": 80.9, "simcse": 90.0}
     records = [{**r, "best_dev": dev.get(r["row"], 70.0)} for r in records]
-    lines = quality.dev_choices(quality.summarize(records), "cls")
+    lines = table.dev_choices(table.summarize(records), "cls")
     # SimCSE and the mined-positives rows are not negatives rows; one line per negatives row.
     assert lines == [
         "peer: dev 81.50 (3 seeds; test 76.00)",
@@ -165,10 +168,10 @@ def test_negatives_rows_are_ranked_by_dev_not_by_test(records):
 
 
 def test_markdown_lists_every_row_with_its_spread(records):
-    untrained = {"cls": {t: 70.0 for t in (*quality.TASKS, "avg")}}
+    untrained = {"cls": {t: 70.0 for t in (*rows.TASKS, "avg")}}
     settings = {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25, "dev_pairs": None,
                 "test_pairs": None}  # fmt: skip
-    text = quality.markdown(quality.summarize(records), untrained, settings)
+    text = table.markdown(table.summarize(records), untrained, settings)
     lines = text.splitlines()
     assert lines[0].startswith("| row | start | seeds | STS12 |")
     assert "| MiniLM, untrained | cls |" in lines[2]
@@ -182,28 +185,28 @@ def test_every_row_names_a_sampler_and_every_sampler_a_pools_variant():
     """The variants are declared once: each row's pairs are a sampler's (or a peer's), each
     sampler mines from a declared pools variant, and each calibrated row is judged against the
     uniform draw from its own pools."""
-    for name, row in quality.ROWS.items():
-        assert row.pairs in (*quality.SAMPLERS, *quality.PEERS), name
-    for name, spec in quality.SAMPLERS.items():
-        assert spec.pools in quality.POOLS, name
+    for name, row in rows.ROWS.items():
+        assert row.pairs in (*rows.SAMPLERS, *rows.PEERS), name
+    for name, spec in rows.SAMPLERS.items():
+        assert spec.pools in rows.POOLS, name
         assert "--output" not in spec.options and "--pools" not in spec.options, name
-    assert quality.POOLS["band"] == {}  # the profile's own pools, mined by the pipeline
+    assert rows.POOLS["band"] == {}  # the profile's own pools, mined by the pipeline
     for cal, uniform in {"ipw_calibrated": "uniform", "knn_calibrated": "knn_uniform",
                          "band40_calibrated": "band40_uniform"}.items():  # fmt: skip
         # same pools, only the draw differs
-        assert quality.SAMPLERS[quality.ROWS[cal].pairs].pools == (
-            quality.SAMPLERS[quality.ROWS[uniform].pairs].pools
+        assert rows.SAMPLERS[rows.ROWS[cal].pairs].pools == (
+            rows.SAMPLERS[rows.ROWS[uniform].pairs].pools
         ), cal
-    assert quality.DEFAULT_ROW in quality.NEGATIVE_ROWS
+    assert rows.DEFAULT_ROW in rows.NEGATIVE_ROWS
     # The knn pools are the peer's terms: its depth, no random fill of short pools.
-    assert quality.POOLS["knn"] == {"pool_cap": None, "fallback": "none"}
+    assert rows.POOLS["knn"] == {"pool_cap": None, "fallback": "none"}
 
 
 def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):
     records = [{**r, "best_dev": 80.0 + r["seed"]} for r in records]
     settings = {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25, "dev_pairs": None,
                 "test_pairs": None}  # fmt: skip
-    text = quality.markdown(quality.summarize(records), {}, settings)
+    text = table.markdown(table.summarize(records), {}, settings)
     head = text.splitlines()[0].split(" | ")
     simcse = next(
         line for line in text.splitlines() if line.startswith("| SimCSE") and "| cls |" in line
@@ -215,7 +218,7 @@ def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):
 
 def test_hardness_plot_places_each_negatives_row_at_its_samplers_cosine(records, tmp_path):
     stats = {"calibrated": {"cos_mean": 0.27}, "peer": {"cos_mean": 0.38}}  # no uniform stats
-    points = quality.plot_hardness(quality.summarize(records), stats, tmp_path / "h.png")
+    points = quality.plot_hardness(table.summarize(records), stats, tmp_path / "h.png")
     # uniform has scores but no sampler statistics; debcse is not a negatives-only row.
     assert [(p[0], p[1]) for p in points] == [("peer", 0.38), ("ipw_calibrated", 0.27)]
     assert points[1][2] == pytest.approx(77.666666, abs=1e-4)
@@ -304,8 +307,8 @@ def test_apertium_positives_mine_and_record_apart_from_the_stand_ins(tmp_path, s
     assert params["embed"]["max_length"] == 256  # the peer's max_seq_length
     old = quality.pipeline_params(standin, tmp_path)
     assert old["backtranslate"]["engine"] == "ctranslate2" and old["embed"]["max_length"] == 128
-    assert {"peer_top", "knn_posaware", "knn_simans"} <= set(quality.ROWS)
-    assert quality.PEERS["peer_top"] == ("top", 0.05)
+    assert {"peer_top", "knn_posaware", "knn_simans"} <= set(rows.ROWS)
+    assert rows.PEERS["peer_top"] == ("top", 0.05)
 
 
 def _plan_args(**kw):
@@ -341,14 +344,14 @@ def test_train_params_carry_the_run_settings(tmp_path):
     args = SimpleNamespace(batch=64, lr=3e-5, steps=500, eval_every=25, save_every=None,
                            dev_pairs=None, test_pairs=None, precision="bf16", threads=2,
                            start="/m")  # fmt: skip
-    p = quality.train_params(pipeline, quality.ROWS["peer"], "cls", 3, tmp_path / "pairs", args)
+    p = quality.train_params(pipeline, rows.ROWS["peer"], "cls", 3, tmp_path / "pairs", args)
     t = p["train"]
     assert (t["precision"], t["threads"], t["save_every"], t["model"]) == ("bf16", 2, 25, "/m")
     assert t["objective"] == "simcse_hn" and t["seed"] == 3
     assert t["recipes"]["simcse_hn"]["options"]["pooling"] == "cls_before_pooler"
     assert p["evaluate"]["threads"] == 2
     args.save_every = 500
-    p = quality.train_params(pipeline, quality.ROWS["peer"], "mean", 3, tmp_path / "pairs", args)
+    p = quality.train_params(pipeline, rows.ROWS["peer"], "mean", 3, tmp_path / "pairs", args)
     assert p["train"]["save_every"] == 500
     assert p["train"]["recipes"]["simcse_hn"]["options"]["pooling"] == "mean"
 
@@ -435,7 +438,7 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     assert [(r["row"], r["seed"], r["steps"]) for r in loaded if r["row"] == "simcse"] == [
         ("simcse", 1, 500), ("simcse", 1, 1000), ("simcse", 2, 500),
     ]  # fmt: skip
-    summary = {s["row"]: s for s in quality.summarize(loaded)}
+    summary = {s["row"]: s for s in table.summarize(loaded)}
     assert summary["simcse"]["avg"][0] == pytest.approx((75.8 + 76.0) / 2)  # the longest runs
     assert summary["simcse"]["settled"] == {1: 1000} and summary["simcse"]["late_best"] == []
     peer = summary["peer"]
@@ -445,7 +448,7 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     assert summary["debcse"]["diff"]["seeds"] == [1] and summary["debcse"]["diff"]["unpaired"] == [
         2
     ]
-    text = quality.markdown(list(summary.values()), {}, {"steps": 500, "batch": 64, "lr": 3e-5,
+    text = table.markdown(list(summary.values()), {}, {"steps": 500, "batch": 64, "lr": 3e-5,
                             "eval_every": 25, "dev_pairs": None, "test_pairs": None})  # fmt: skip
     assert "Rerun with more steps" in text and "peer/cls seeds {1: 1000}" in text
     assert "debcse/cls seeds [2]" in text  # unpaired: said under the table
@@ -466,15 +469,15 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     # every seed both have.
     keep("combined", 1, 78.0)
     keep("combined", 2, 77.8)
-    both = {s["row"]: s for s in quality.summarize(quality.load_records(runs, records))}
-    equal = quality.paired(both["combined"], both["debcse"])
+    both = {s["row"]: s for s in table.summarize(quality.load_records(runs, records))}
+    equal = table.paired(both["combined"], both["debcse"])
     assert (equal["n"], equal["per_seed"]) == (1, pytest.approx([0.5]))  # seed 2: 500 vs 1000
-    settled = quality.paired(both["combined"], both["debcse"], "longest")
+    settled = table.paired(both["combined"], both["debcse"], "longest")
     assert settled["per_seed"] == pytest.approx([0.5, 0.8])
-    assert quality.paired(both["debcse"], both["simcse"])["per_seed"] == pytest.approx([2.5])
+    assert table.paired(both["debcse"], both["simcse"])["per_seed"] == pytest.approx([2.5])
     target = "DebCSE >= SimCSE + 1.0 (cls)"
-    assert dict(quality.targets(list(summary.values())))[target] == "met: +2.50 over 1 seed"
-    assert dict(quality.targets(list(summary.values()), "cls", "longest"))[target] == (
+    assert dict(table.targets(list(summary.values())))[target] == "met: +2.50 over 1 seed"
+    assert dict(table.targets(list(summary.values()), "cls", "longest"))[target] == (
         "met: +1.35 [-3.10, +5.80] over 2 seeds"
     )
     # A rerun is its own folder and record: a recorded one is skipped like any run.
