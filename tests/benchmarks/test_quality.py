@@ -20,7 +20,8 @@ SPEC = importlib.util.spec_from_file_location(
 quality = importlib.util.module_from_spec(SPEC)
 sys.modules[SPEC.name] = quality  # registered under its name, as gpu_sitting.py loads it
 SPEC.loader.exec_module(quality)
-import quality_rows as rows  # noqa: E402  (beside quality.py, on the path it sets)
+import quality_plots as plots  # noqa: E402  (beside quality.py, on the path it sets)
+import quality_rows as rows  # noqa: E402
 import quality_table as table  # noqa: E402
 
 
@@ -218,7 +219,7 @@ def test_markdown_shows_the_dev_score_rows_are_chosen_by(records):
 
 def test_hardness_plot_places_each_negatives_row_at_its_samplers_cosine(records, tmp_path):
     stats = {"calibrated": {"cos_mean": 0.27}, "peer": {"cos_mean": 0.38}}  # no uniform stats
-    points = quality.plot_hardness(table.summarize(records), stats, tmp_path / "h.png")
+    points = plots.plot_hardness(table.summarize(records), stats, tmp_path / "h.png")
     # uniform has scores but no sampler statistics; debcse is not a negatives-only row.
     assert [(p[0], p[1]) for p in points] == [("peer", 0.38), ("ipw_calibrated", 0.27)]
     assert points[1][2] == pytest.approx(77.666666, abs=1e-4)
@@ -387,11 +388,34 @@ def test_dev_curves_are_averaged_over_seeds_and_plotted(tmp_path):
         record("peer", 1, 76.0),  # an older sitting's record: no curve
     ]
     path = tmp_path / "curves.png"
-    curves = quality.plot_curves(recs, path)
+    curves = plots.plot_curves(recs, path)
     assert curves == {("simcse", "cls"): [(25, 72.0), (50, 74.0)],
                       ("denosent", "mask"): [(25, 60.0)]}  # fmt: skip
     assert path.stat().st_size > 10_000
-    assert quality.plot_curves([record("peer", 1, 76.0)], tmp_path / "none.png") == {}
+    assert plots.plot_curves([record("peer", 1, 76.0)], tmp_path / "none.png") == {}
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_differences_plot_draws_each_rows_paired_difference_with_its_interval(records, tmp_path):
+    """The table's result as a figure: every row but the baseline with a paired seed, its
+    mean difference, its t interval (none for one seed) and each seed's difference; DenoSent's
+    prompt start is drawn beside [CLS]. A table with nothing paired draws nothing."""
+    path = tmp_path / "differences.png"
+    entries = plots.plot_differences(table.summarize(records), path)
+    assert [(row, start) for row, start, *_ in entries] == [
+        ("peer", "cls"), ("peer", "mean"), ("uniform", "cls"), ("ipw_calibrated", "cls"),
+        ("debcse", "cls"), ("denosent", "mask"), ("combined", "cls"),
+    ]  # fmt: skip
+    by = {(row, start): (mean, ci, seeds) for row, start, mean, ci, seeds in entries}
+    mean, ci, seeds = by["ipw_calibrated", "cls"]
+    half = 4.303 * math.sqrt(1 / 12) / math.sqrt(3)
+    assert (mean, seeds) == (pytest.approx(5 / 3), pytest.approx([1.5, 2.0, 1.5]))
+    assert ci == pytest.approx((5 / 3 - half, 5 / 3 + half))
+    assert by["peer", "mean"] == (pytest.approx(-1.0), None, pytest.approx([-1.0]))
+    assert by["denosent", "mask"][2] == pytest.approx([2.0])  # against SimCSE's [CLS] seed 1
+    assert path.stat().st_size > 10_000
+    only_baseline = [r for r in records if r["row"] == "simcse"]
+    assert plots.plot_differences(table.summarize(only_baseline), tmp_path / "none.png") == []
     assert not (tmp_path / "none.png").exists()
 
 
