@@ -75,6 +75,11 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         # the same seed, whatever their lengths (a settled 500-step run against an unsettled
         # baseline's 1,000-step rerun); ``mixed`` names the seeds whose lengths differ.
         longest = _per_seed(avgs, base_avgs, "longest")
+        shortest = {s: runs[row, start][s][min(runs[row, start][s])] for s in seeds}
+        rerun = [
+            s for s in seeds
+            if by_seed[s]["steps"] > by_seed[s].get("settings", {}).get("steps", by_seed[s]["steps"])
+        ]  # fmt: skip
         out.append(
             {
                 "row": row,
@@ -105,20 +110,22 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                         if by_seed[s].get("best_dev") is not None
                     ]
                 ),  # fmt: skip
-                "late_best": [
-                    s for s in seeds if by_seed[s]["best_step"] > 0.8 * by_seed[s]["steps"]
-                ],
-                # Seeds whose run was rerun with more steps, and with how many.
-                "settled": {
-                    s: by_seed[s]["steps"]
-                    for s in seeds
-                    if by_seed[s]["steps"]
-                    > by_seed[s].get("settings", {}).get("steps", by_seed[s]["steps"])
-                },
+                "late_best": [s for s in seeds if _late(by_seed[s])],
+                # Seeds whose run was rerun with more steps, and with how many: because its
+                # best dev step was late (``settled``), or only to pair at equal length with
+                # another row's rerun of that seed, its own run having settled (``companion``).
+                "settled": {s: by_seed[s]["steps"] for s in rerun if _late(shortest[s])},
+                "companion": {s: by_seed[s]["steps"] for s in rerun if not _late(shortest[s])},
                 "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
             }
         )
     return out
+
+
+def _late(run: dict[str, Any]) -> bool:
+    """Whether a run's best dev step is in the last 20% of its steps (it may not have settled:
+    the rule reruns it with more steps before the table is read)."""
+    return run["best_step"] > 0.8 * run["steps"]
 
 
 def _per_seed(a: dict[int, dict[int, float]], b: dict[int, dict[int, float]], lengths: str):
@@ -285,6 +292,14 @@ def markdown(
         note += (
             "\n\nRerun with more steps (their best dev step was in the last 20% of "
             f"{settings['steps']}; the table reads the longer run): " + "; ".join(settled)
+        )
+    beside = [f"{s['row']}/{s['start']} seeds {s['companion']}" for s in summary
+              if s.get("companion")]  # fmt: skip
+    if beside:
+        note += (
+            "\n\nRerun with more steps beside another row's rerun of the same seed, to pair at "
+            "equal length (their own run had settled; the table reads the longer run): "
+            + "; ".join(beside)
         )
     unpaired = [f"{s['row']}/{s['start']} seeds {s['diff']['unpaired']}" for s in summary
                 if s["diff"].get("unpaired")]  # fmt: skip

@@ -429,6 +429,28 @@ def test_a_run_record_keeps_its_curves(tmp_path):
     assert quality._curves(tmp_path / "missing.json") == {}
 
 
+def test_a_companion_rerun_is_told_apart_from_an_unsettled_one():
+    """SimCSE's run of a seed rerun only to pair at equal length with another row's unsettled
+    rerun (its own run had settled) is not said to have been unsettled."""
+
+    def run(row, seed, best, steps=500):
+        return {**record(row, seed, 76.0, best=best), "steps": steps, "settings": {"steps": 500}}
+
+    summary = table.summarize([
+        run("simcse", 1, 475), run("simcse", 1, 650, steps=1000),  # late at 500: rerun
+        run("simcse", 2, 275), run("simcse", 2, 300, steps=1000),  # settled: the companion
+        run("peer", 2, 450), run("peer", 2, 700, steps=1000),  # late at 500: rerun
+    ])  # fmt: skip
+    by = {s["row"]: s for s in summary}
+    assert (by["simcse"]["settled"], by["simcse"]["companion"]) == ({1: 1000}, {2: 1000})
+    assert (by["peer"]["settled"], by["peer"]["companion"]) == ({2: 1000}, {})
+    text = table.markdown(summary, {}, {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25,
+                                        "dev_pairs": None, "test_pairs": None})  # fmt: skip
+    late, _, beside = text.partition("Rerun with more steps beside another row's rerun")
+    assert "simcse/cls seeds {1: 1000}; peer/cls seeds {2: 1000}" in late
+    assert "simcse/cls seeds {2: 1000}" in beside and "peer/cls" not in beside
+
+
 def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp_path, capsys):
     """A recorded run whose best dev step is in the last 20% is queued again with
     ``--settle-steps``, with SimCSE's run of the same seed at that length (once each: not when
