@@ -12,8 +12,9 @@ mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; th
 from ``mine_hard_negatives`` with the same encoder, band, pool depth and number of negatives,
 converted into pairforge's ``pairs`` schema), then trains every (row, start pooling, seed) with
 the same trainer, steps, batch, learning rate, max length and dev selection, and scores each kept
-model on the full 7 STS test sets. Rows: ``ROWS`` of
-benchmarks/quality_rows.py; the table's arithmetic: benchmarks/quality_table.py.
+model on the full 7 STS test sets. Rows: ``ROWS`` of benchmarks/quality_rows.py; the table's
+arithmetic: benchmarks/quality_table.py; the figures: benchmarks/quality_plots.py.
+
 Positives (``--positives``): Apertium's real round trips, en-es-en for DebCSE and DenoSent,
 en-ca-en and en-eo-en as BSL's views (the ``apertium`` profile; the default, and it needs
 Debian's Apertium packages), or the demo's stand-in models (``standin``: what the earlier sittings'
