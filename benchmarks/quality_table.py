@@ -110,19 +110,21 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                         if by_seed[s].get("best_dev") is not None
                     ]
                 ),  # fmt: skip
-                "late_best": [s for s in seeds if _late(by_seed[s])],
+                "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
                 # Seeds whose run was rerun with more steps, and with how many: because its
                 # best dev step was late (``settled``), or only to pair at equal length with
                 # another row's rerun of that seed, its own run having settled (``companion``).
-                "settled": {s: by_seed[s]["steps"] for s in rerun if _late(shortest[s])},
-                "companion": {s: by_seed[s]["steps"] for s in rerun if not _late(shortest[s])},
+                "settled": {s: by_seed[s]["steps"] for s in rerun if unsettled_run(shortest[s])},
+                "companion": {
+                    s: by_seed[s]["steps"] for s in rerun if not unsettled_run(shortest[s])
+                },
                 "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
             }
         )
     return out
 
 
-def _late(run: dict[str, Any]) -> bool:
+def unsettled_run(run: dict[str, Any]) -> bool:
     """Whether a run's best dev step is in the last 20% of its steps (it may not have settled:
     the rule reruns it with more steps before the table is read)."""
     return run["best_step"] > 0.8 * run["steps"]
