@@ -30,9 +30,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
+from pairforge.pipeline.plumbing import integrity, shards
 from pairforge.pipeline.plumbing import schemas as S
-from pairforge.pipeline.plumbing import shards
-from pairforge.pipeline.plumbing.shards import DatasetWriter, read_verified_shard
+from pairforge.pipeline.plumbing.integrity import read_verified_shard
+from pairforge.pipeline.plumbing.shards import DatasetWriter
 
 
 def checksum_rates(gb: float) -> list[tuple[str, float]]:
@@ -114,7 +115,7 @@ def read_rates(folder: Path, repeats: int) -> tuple[float, list[tuple[str, float
         return (time.perf_counter() - start) / total
 
     def first(shard: dict) -> None:
-        shards._verified.clear()
+        integrity._verified.clear()
         read_verified_shard(folder, shard, label, "bench")
 
     ways = {

@@ -99,7 +99,7 @@ def use(
     params: Annotated[str, typer.Option(help="params file to write")] = PARAMS_FILE,
 ) -> None:
     """Write the profile's params to params.yaml (after validating them)."""
-    from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+    from pairforge.pipeline.plumbing.files import atomic_write_bytes
 
     validate_params(profile_params(name))
     header = f"# Written by `pairforge profile use {name}`; edit freely, or switch profile again.\n"

@@ -4,8 +4,8 @@ from another team, or before a long run).
 Each shard is checked for presence, size, sha256, xxh3_128 (format-2 manifests) and its Parquet
 footer against the manifest's schema and row count; a Parquet file in ``data/`` that the manifest
 does not list is a problem too (folder readers would read it). Stages verify what they read on
-their own (``pipeline/plumbing/shards.py``); this command checks everything at once and reports every
-problem rather than the first.
+their own (``pipeline/plumbing/integrity.py``); this command checks everything at once and reports
+every problem rather than the first.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
 from pairforge.pipeline.science.models import EXPORT_INFO, hub_id, model_label, resolve_model
 from pairforge.pipeline.science.sts import LABELS
 

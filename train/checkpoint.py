@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from pairforge.pipeline.plumbing.shards import atomic_write_json
+from pairforge.pipeline.plumbing.files import atomic_write_json
 
 CHECKPOINTS = "checkpoints"
 STATE = "state.pt"

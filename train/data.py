@@ -25,12 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from pairforge.pipeline.plumbing.errors import PairforgeError
-from pairforge.pipeline.plumbing.shards import (
-    DECODE_THREADS,
-    open_parquet,
-    read_manifest,
-    verified_shard_path,
-)
+from pairforge.pipeline.plumbing.files import DECODE_THREADS, open_parquet
+from pairforge.pipeline.plumbing.integrity import verified_shard_path
+from pairforge.pipeline.plumbing.shards import read_manifest
 from pairforge.pipeline.plumbing.storage import dataset_path
 
 TEXT_KIND = "text"

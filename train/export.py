@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from pairforge.pipeline.plumbing.errors import PairforgeError
-from pairforge.pipeline.plumbing.shards import apply_umask
+from pairforge.pipeline.plumbing.files import apply_umask
 from pairforge.pipeline.science.models import EXPORT_INFO
 from pairforge.train.card import write_model_card
 from pairforge.train.objectives.prompts import MASK_SLOT, SENTENCE_SLOT, check_template

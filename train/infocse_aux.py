@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pairforge.pipeline.plumbing.errors import ConfigError
-from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json
+from pairforge.pipeline.plumbing.files import apply_umask, atomic_write_json
 from pairforge.pipeline.science.models import new_mlm_head
 from torch import nn
 

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
+from pairforge.pipeline.plumbing.files import atomic_write_json
 from pairforge.pipeline.plumbing.progress import _fmt_duration
-from pairforge.pipeline.plumbing.shards import atomic_write_json
 from pairforge.pipeline.plumbing.storage import dataset_path
 from pairforge.pipeline.science import sts
 from pairforge.pipeline.science.models import (

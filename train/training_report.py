@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
 from pairforge.pipeline.science.sts import LABELS, TEST_TASKS
 
 

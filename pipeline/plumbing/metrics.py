@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pairforge.pipeline.plumbing.shards import atomic_write_json, remove_dead_temporaries
+from pairforge.pipeline.plumbing.files import atomic_write_json, remove_dead_temporaries
 
 log = logging.getLogger("pairforge")
 

@@ -26,17 +26,17 @@ whose fingerprint (stage, params, inputs, code) differs from the folder's starts
 
 A dataset may also live at an fsspec URL (``s3://bucket/pairs``): the same layout and bytes,
 each object written with one PUT instead of a rename (``pipeline/plumbing/storage.py``).
+
+Here: the layout, the writer and the reader. Beside it: ``files.py`` (atomic writes, modes,
+checksums, Parquet opened on the calling thread) and ``integrity.py`` (shards verified against
+the manifest on read, and the cache of shards fetched from a store).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import glob
 import hashlib
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -50,11 +50,23 @@ import pyarrow.parquet as pq
 import xxhash
 from pairforge.pipeline.plumbing import locks
 from pairforge.pipeline.plumbing.errors import (
-    CorruptShardError,
     DataIntegrityError,
     IncompleteDatasetError,
 )
-from pairforge.pipeline.plumbing.schemas import SchemaError, SchemaSpec, check_arrow_schema
+from pairforge.pipeline.plumbing.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    file_checksums,
+    named_on_failure,
+)
+from pairforge.pipeline.plumbing.integrity import (
+    read_verified_shard,
+    shard_cache,
+    shard_path_problem,
+    verification_stats,
+    verified_shard_path,
+)
+from pairforge.pipeline.plumbing.schemas import SchemaError, SchemaSpec
 from pairforge.pipeline.plumbing.storage import RemotePath, dataset_path, remove_tree
 from pairforge.pipeline.plumbing.version import code_version
 
@@ -68,28 +80,12 @@ MANIFEST = "_manifest.json"
 PROGRESS = "_progress"
 RUN_FILE = "run.json"
 DATA_DIR = "data"
-# The checksum verified on every read: xxh3_128 hashes ~10 GB/s on one core, sha256 ~1.5 and
-# blake2b ~0.8 (docs/verify figures); sha256 stays in the manifest for people who check by hand.
-FAST_CHECKSUM = "xxh3_128"
 
 
 _PROCESS_START = time.monotonic()
 
 # Shards whose Arrow data is at most this size are encoded in memory before they are written.
 IN_MEMORY_SHARD_BYTES = 256 << 20
-# Parquet decodes on the reading thread, not on Arrow's thread pools (every reader of shards and
-# corpora opens its file with :func:`open_parquet` and passes this): a process that had read from a
-# store (fsspec's event-loop thread alive) and decoded on the CPU pool aborted at exit about one
-# time in thirty under load, after its work was done ("terminate called without an active
-# exception", exit -6; apache/arrow#34314), which fails a DVC stage whose outputs are written.
-# tests/pipeline/test_storage.py checks that no reader starts a pool thread.
-DECODE_THREADS = False
-
-
-def open_parquet(source: Any) -> pq.ParquetFile:
-    """A Parquet file to read on the calling thread: without pre-buffering, which reads a local
-    file's column chunks on Arrow's I/O thread pool (pairforge reads local files and buffers)."""
-    return pq.ParquetFile(source, pre_buffer=False)
 
 
 def shard_name(index: int) -> str:
@@ -105,120 +101,6 @@ def run_info_path(folder: str | Path | RemotePath) -> Path | RemotePath:
     """The sidecar with the run-specific facts of a dataset: ``<parent>/.<name>.run.json``."""
     folder = dataset_path(folder)
     return folder.parent / f".{folder.name}.run.json"
-
-
-def file_checksums(path: Path, block: int = 1 << 20) -> tuple[str, str, int]:
-    """sha256, xxh3_128 and size of a file, in one pass."""
-    sha, fast, size = hashlib.sha256(), xxhash.xxh3_128(), 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(block):
-            sha.update(chunk)
-            fast.update(chunk)
-            size += len(chunk)
-    return sha.hexdigest(), fast.hexdigest(), size
-
-
-def atomic_write_bytes(path: Path, data: bytes | pa.Buffer, durable: bool = True) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
-
-    ``durable`` fsyncs before the rename (survives power loss); without it the write still
-    survives a killed process, which is all that scratch data needs. On a store
-    (``pipeline/plumbing/storage.py``) one PUT is atomic already.
-    """
-    if isinstance(path, RemotePath):
-        path.write_bytes(bytes(data))
-        return
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with _named_on_failure(path, tmp), open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if durable:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _named_on_failure(path: Path, tmp: Path) -> Iterator[None]:
-    """Remove the temporary ``tmp`` of a write that failed, and give an error without a file
-    name (a full disk on write or close) the name of the file being written, ``path``."""
-    try:
-        yield
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        if exc.filename is None and exc.errno is not None:
-            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(path)) from exc
-        if exc.errno is None and "No space left on device" in str(exc):  # Arrow's IOError
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
-        raise
-
-
-def remove_dead_temporaries(path: Path) -> int:
-    """Remove ``path``'s temporaries (:func:`atomic_write_bytes`) left by writers that no longer
-    run (a kill between the open and the rename leaves one); a live writer's, this process's
-    included, are kept. Returns how many were removed. For a stage's single files (its metrics):
-    a dataset's folder clears its own on resume, and listing a folder on every write would cost
-    its shard and progress writes a scan each."""
-    removed = 0
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.tmp-*"):
-        pid = stale.name.rsplit(".tmp-", 1)[1].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-            continue  # alive (or reused by another process: kept, never a live write removed)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        stale.unlink(missing_ok=True)
-        removed += 1
-    return removed
-
-
-def atomic_write_json(path: Path, obj: Any, durable: bool = True) -> None:
-    atomic_write_bytes(
-        path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), durable=durable
-    )
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where the OS allows (Linux /proc)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    # Elsewhere the only API sets it; setting it back at once is racy only against other threads
-    # creating files in that instant.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def apply_umask(path: str | Path) -> None:
-    """Give ``path``, or a folder and everything under it, the modes that ``open`` and ``mkdir``
-    give new files under the user's umask: 0o666 (0o777 for folders and executables) less it.
-
-    Libraries that write through ``mkstemp`` leave 0o600 (safetensors' ``model.safetensors``),
-    which the rest of a group sharing a model folder cannot read; call this on what such a
-    library wrote before publishing it (before the rename into place).
-    """
-    mask = current_umask()
-    root = Path(path)
-    todo = [root]
-    if root.is_dir():
-        todo += list(root.rglob("*"))
-    for p in todo:
-        if p.is_symlink():
-            continue
-        st = p.stat()
-        full = 0o777 if p.is_dir() or st.st_mode & 0o111 else 0o666
-        want = full & ~mask
-        if st.st_mode & 0o777 != want:
-            os.chmod(p, want)
 
 
 def canonical_json(obj: Any) -> str:
@@ -268,7 +150,7 @@ def write_shard(
         fast = xxhash.xxh3_128(memoryview(data)).hexdigest()
     else:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        with _named_on_failure(final, tmp):
+        with named_on_failure(final, tmp):
             pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
             if durable:
                 with open(tmp, "rb+") as fh:
@@ -546,216 +428,6 @@ def read_manifest(path: str | Path | RemotePath) -> dict[str, Any]:
                 "dataset's manifest may name only files in its own data/ folder)"
             )
     return data
-
-
-_SHARD_FILE = re.compile(r"^data/[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
-_SHARD_FILE_BESIDE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.parquet$")
-
-
-def shard_path_problem(file: Any, beside: bool = False) -> str | None:
-    """Why a manifest's shard path is refused, or None: it must be ``data/<name>.parquet``, a
-    plain name in the dataset's own data folder (not absolute, no ``..``, no other folder), so
-    that a dataset received from elsewhere cannot make a stage read outside it. ``beside``: a
-    format-1 manifest, whose shards sit beside it (``<name>.parquet``)."""
-    if not isinstance(file, str):
-        return "which is not a path"
-    if file.startswith("/") or re.match(r"^[A-Za-z]:", file):
-        return "an absolute path"
-    if "\\" in file:
-        return "a path with a backslash"
-    if ".." in file.split("/"):
-        return "a path that leaves the dataset"
-    if not (_SHARD_FILE.match(file) or beside and _SHARD_FILE_BESIDE.match(file)):
-        return "not a Parquet file directly in its data/ folder"
-    return None
-
-
-# Shards this process has checked against their manifest, by file identity: a shard is hashed
-# the first time it is opened in a run and trusted until its file changes (new inode, size or
-# mtime). Dask workers keep their own.
-_verified: set[tuple] = set()
-_verified_guard = threading.Lock()
-# A file modified this recently may change again within the filesystem's timestamp granularity
-# without its mtime moving (git's "racy clean" problem): it is hashed on every read instead.
-RACY_SECONDS = 2.0
-
-
-def _identity(file: Path, expected: str) -> tuple:
-    st = file.stat()
-    return (str(file.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, expected)
-
-
-# What verification cost this process: shards and bytes hashed, seconds spent hashing.
-_stats = {"shards": 0, "bytes": 0, "seconds": 0.0}
-
-
-def verification_stats() -> dict[str, float]:
-    """Shards and bytes this process hashed to verify reads, and the seconds it took."""
-    with _verified_guard:
-        return dict(_stats)
-
-
-def _count(size: int, seconds: float) -> None:
-    with _verified_guard:
-        _stats["shards"] += 1
-        _stats["bytes"] += size
-        _stats["seconds"] += seconds
-
-
-def _remember(identity: tuple) -> None:
-    if time.time() - identity[4] / 1e9 > RACY_SECONDS:
-        with _verified_guard:
-            _verified.add(identity)
-
-
-def _expected_checksum(shard: dict[str, Any]) -> tuple[str, str]:
-    """The checksum a read verifies: xxh3_128 when the manifest has it (format 2), else sha256."""
-    if shard.get(FAST_CHECKSUM):
-        return FAST_CHECKSUM, shard[FAST_CHECKSUM]
-    return "sha256", shard["sha256"]
-
-
-def _hasher(algorithm: str) -> Any:
-    return xxhash.xxh3_128() if algorithm == FAST_CHECKSUM else hashlib.sha256()
-
-
-def _remedy(stage: str | None) -> str:
-    writer = f" (`pairforge {stage}`)" if stage else ""
-    return f"rerun the stage that writes it{writer} or fetch the dataset again"
-
-
-def _shard_file(folder: Path, shard: dict[str, Any], label: str, stage: str | None) -> Path:
-    file = folder / shard["file"]
-    if not file.is_file():
-        raise CorruptShardError(f"{label}: shard {shard['file']} is missing; {_remedy(stage)}")
-    return file
-
-
-def _check_size(file: Path, shard: dict, size: int, label: str, stage: str | None) -> None:
-    if size != shard["bytes"]:
-        raise CorruptShardError(
-            f"{label}: shard {shard['file']} is corrupt (size {size} != {shard['bytes']} in the "
-            f"manifest); {_remedy(stage)}"
-        )
-
-
-def _check_digest(shard: dict, algorithm: str, digest: str, label: str, stage: str | None) -> None:
-    if digest != _expected_checksum(shard)[1]:
-        raise CorruptShardError(
-            f"{label}: shard {shard['file']} is corrupt ({algorithm} mismatch; size "
-            f"{shard['bytes']} as in the manifest); {_remedy(stage)}"
-        )
-
-
-def verified_shard_path(
-    folder: str | Path | RemotePath, shard: dict[str, Any], label: str, stage: str | None = None
-) -> Path:
-    """The path of a manifest ``shard`` of the dataset at ``folder``, after checking its size and
-    checksum (streamed, once per process). For readers that stream a shard row group by row
-    group; everything else reads through :func:`read_verified_shard`. A shard on a store is
-    fetched into the local shard cache first (:func:`_cached_copy`)."""
-    folder = dataset_path(folder)
-    if isinstance(folder, RemotePath):
-        return _cached_copy(folder, shard, label, stage)
-    file = _shard_file(folder, shard, label, stage)
-    algorithm, expected = _expected_checksum(shard)
-    identity = _identity(file, expected)
-    if identity in _verified:
-        return file
-    _check_size(file, shard, identity[3], label, stage)
-    start = time.perf_counter()
-    digest = _hasher(algorithm)
-    with open(file, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    _count(identity[3], time.perf_counter() - start)
-    _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
-    _remember(identity)
-    return file
-
-
-def shard_cache() -> Path:
-    """Where shards read from a store are kept for streaming readers: ``$PAIRFORGE_CACHE/shards``
-    (default ``~/.cache/pairforge/shards``), one file per checksum."""
-    root = os.environ.get("PAIRFORGE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pairforge"
-    )
-    return Path(root) / "shards"
-
-
-def _cached_copy(folder: RemotePath, shard: dict[str, Any], label: str, stage: str | None) -> Path:
-    """A verified local copy of a store's shard (fetched once per checksum; a copy that no longer
-    matches its checksum is fetched again)."""
-    algorithm, expected = _expected_checksum(shard)
-    local = shard_cache() / f"{algorithm}-{expected}.parquet"
-    if local.is_file():
-        digest = _hasher(algorithm)
-        digest.update(local.read_bytes())
-        if digest.hexdigest() == expected:
-            return local
-    data = _verified_bytes(_shard_file(folder, shard, label, stage), shard, label, stage)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(local, data, durable=False)
-    return local
-
-
-def _verified_bytes(
-    file: Path | RemotePath, shard: dict[str, Any], label: str, stage: str | None
-) -> bytes:
-    """The bytes of ``file``, read in one pass and checked against the manifest's size and
-    checksum (a mismatch is one :class:`CorruptShardError` line)."""
-    algorithm, _ = _expected_checksum(shard)
-    data = file.read_bytes()
-    _check_size(file, shard, len(data), label, stage)
-    start = time.perf_counter()
-    digest = _hasher(algorithm)
-    digest.update(data)
-    _count(len(data), time.perf_counter() - start)
-    _check_digest(shard, algorithm, digest.hexdigest(), label, stage)
-    return data
-
-
-def read_verified_shard(
-    folder: str | Path | RemotePath,
-    shard: dict[str, Any],
-    label: str,
-    stage: str | None = None,
-    spec: SchemaSpec | None = None,
-    columns: list[str] | None = None,
-) -> pa.Table:
-    """Read one manifest ``shard`` of the dataset at ``folder``: the file's bytes are hashed as
-    they are read into memory and decoded from that buffer (one pass over the file); a size or
-    checksum that differs from the manifest, a file that does not decode, or a row count that
-    differs is one :class:`CorruptShardError` line naming the dataset, the shard and the fix.
-    A shard on a store is fetched and hashed on every read (there is no file identity to trust)."""
-    folder = dataset_path(folder)
-    file = _shard_file(folder, shard, label, stage)
-    identity = (
-        None if isinstance(file, RemotePath) else _identity(file, _expected_checksum(shard)[1])
-    )
-    source: Any = file
-    if identity is None or identity not in _verified:
-        if identity is not None:  # a local file's size is known before reading it
-            _check_size(file, shard, identity[3], label, stage)
-        source = pa.BufferReader(pa.py_buffer(_verified_bytes(file, shard, label, stage)))
-    try:
-        pf = open_parquet(source)
-        if spec is not None:
-            check_arrow_schema(pf.schema_arrow, spec, f"{folder}/{shard['file']}")
-        table = pf.read(columns=columns, use_threads=DECODE_THREADS)
-    except (pa.ArrowException, OSError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-        raise CorruptShardError(
-            f"{label}: shard {shard['file']} does not decode ({first}); {_remedy(stage)}"
-        ) from None
-    if table.num_rows != shard["rows"]:
-        raise CorruptShardError(
-            f"{label}: shard {shard['file']} has {table.num_rows} rows, {shard['rows']} in the "
-            f"manifest; {_remedy(stage)}"
-        )
-    if identity is not None:
-        _remember(identity)
-    return table
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
-from pairforge.pipeline.plumbing.shards import (
-    DECODE_THREADS,
-    Dataset,
-    open_dataset,
-    open_parquet,
-    read_manifest,
-)
+from pairforge.pipeline.plumbing.files import DECODE_THREADS, open_parquet
+from pairforge.pipeline.plumbing.shards import Dataset, open_dataset, read_manifest
 from pairforge.pipeline.plumbing.storage import dataset_path
 
 log = logging.getLogger("pairforge")

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.shards import DECODE_THREADS, open_parquet
+from pairforge.pipeline.plumbing.files import DECODE_THREADS, open_parquet
 
 FORMATS = ("txt", "jsonl", "csv", "tsv", "parquet")
 _SUFFIX_FORMAT = {

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 from pairforge.pipeline.plumbing.config import OptionalModelSpec, StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError
-from pairforge.pipeline.plumbing.shards import atomic_write_bytes
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.models.pooling import DEFAULT_PROMPT

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pairforge.pipeline.plumbing import schemas as S
-from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_bytes
+from pairforge.pipeline.plumbing.files import apply_umask, atomic_write_bytes
 from pairforge.pipeline.plumbing.storage import RemotePath
 from pairforge.pipeline.science.dataset_card import front_matter, hub_license, hub_metadata
 

@@ -16,23 +16,23 @@ a killed run resumes at the first unfinished anchor shard, with the index reload
 Metrics: the index (kind, build time, recall@k of an approximate index against exact search on a
 seeded sample), pool sizes, short pools and fallbacks, exclusions by reason, and what each source
 of own augmentations held (``augmentations``: the candidates; ``rewrites``).
+
+Here: the config and the run (inputs, index, shards, manifest). Beside it: ``shard.py`` (the pure
+per-shard function), ``searcher.py`` (the index built or reloaded, and searched), ``sharing.py``
+(the index as the Dask workers read it) and ``metrics.py`` (what the run reports).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
@@ -46,7 +46,6 @@ from pairforge.pipeline.plumbing.shards import (
     Dataset,
     DatasetWriter,
     open_dataset,
-    shard_cache,
     work_folder,
 )
 from pairforge.pipeline.plumbing.stagedefs import StageDef
@@ -62,7 +61,14 @@ from pairforge.pipeline.science.mining_inputs import (
     own_augmentations,
     spill_vectors,
 )
-from pairforge.pipeline.science.pools import EXCLUSION_REASONS, NegativePools, build_negative_pools
+from pairforge.stages.mine.metrics import SearchFacts, band_coverage, log_summary, stage_metrics
+from pairforge.stages.mine.shard import anchor_table, mine_shard
+from pairforge.stages.mine.sharing import (
+    SEARCH_FILE,
+    fetch_index,
+    share_index,
+    write_search_index,
+)
 from pairforge.stages.options import executor, stage_command
 from pydantic import Field, model_validator
 
@@ -73,11 +79,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pairforge")
 
 GPU_MAX_K = 2048  # faiss's GPU k-selection limit
-# Anchors whose pool rules run at once (mine_shard). The rules hold each distinct neighbour's
-# text, raw and normalised; an anchor batch's distinct neighbours grow with the corpus until it
-# holds far more than batch x k rows (16,384 anchors x 65: 96k rows at 100k, 650k at 1M).
-RULE_BATCH = 4096
-AUGMENTATIONS = "augmentations"  # list<string> column of the per-shard input table
 
 
 class MineConfig(StageConfig):
@@ -190,98 +191,6 @@ STAGE = StageDef(
 )
 
 
-# --- the pure per-shard function --------------------------------------------------------------
-
-
-def mine_shard(
-    table: pa.Table,
-    searcher: Searcher,
-    texts: ArrowTexts,
-    ids: pa.Array,
-    *,
-    band: tuple[float, float],
-    near_duplicate_threshold: float | None,
-    min_pool: int,
-    fallback: str,
-    widen_step: float,
-    widen_limits: tuple[float, float],
-    seed: int,
-    workers: int,
-    pool_cap: int | None = None,
-) -> tuple[pa.Table, dict[str, int]]:
-    """Anchors (``id``, ``row``, ``augmentations`` list<string>) -> their ``pools`` table.
-
-    ``texts`` and ``ids`` are the whole corpus (row ``i`` of the sentences dataset); neighbours
-    come from ``searcher``, grown past its k while the band lasts, up to ``pool_cap + 1`` slots
-    (the anchor usually finds itself). Returns the table and its counts
-    (``NegativePools.counts``, plus ``capped``: anchors whose band went on past the cap, and
-    ``band_retrieved``: retrieved neighbours inside the band before the pool rules).
-    """
-    rows = table[S.ROW].to_numpy()
-    found = searcher.band_neighbours(rows, band[0], None if pool_cap is None else pool_cap + 1)
-    scores, neighbours = found.scores, found.ids
-    augmentations = table[AUGMENTATIONS].to_pylist()
-    # The pool rules hold every distinct neighbour's text, raw and normalised: RULE_BATCH
-    # anchors at a time. A pool depends on its anchor alone, so the cut changes no pool.
-    parts, counts = [], {}
-    for lo in range(0, len(rows), RULE_BATCH):
-        part = slice(lo, lo + RULE_BATCH)
-        pools = build_negative_pools(
-            neighbours[part],
-            scores[part],
-            rows[part],
-            texts,
-            augmentations[part],
-            low=band[0],
-            high=band[1],
-            near_duplicate_threshold=near_duplicate_threshold,
-            m=min_pool,
-            fallback=fallback,  # type: ignore[arg-type]
-            widen_step=widen_step,
-            widen_limits=widen_limits,
-            vectors=searcher.rows if fallback == "random" else None,
-            seed=seed,
-            workers=workers,
-            searched=found.searched[part],
-        )
-        parts.append(pools_table(table[S.ID].slice(lo, RULE_BATCH), pools, ids))
-        for key, value in pools.counts().items():
-            counts[key] = counts.get(key, 0) + value
-    in_band = (neighbours >= 0) & (neighbours != rows[:, None])
-    in_band &= (scores >= np.float32(band[0])) & (scores <= np.float32(band[1]))
-    counts.update(capped=int(found.capped.sum()), band_retrieved=int(in_band.sum()))
-    if len(parts) == 1:
-        return parts[0], counts
-    return pa.concat_tables(parts).combine_chunks(), counts
-
-
-def pools_table(
-    anchor_ids: pa.ChunkedArray | pa.Array, pools: NegativePools, ids: pa.Array
-) -> pa.Table:
-    """``NegativePools`` -> the ``pools`` schema's table (``ids``: the corpus's sentence ids)."""
-    offsets = pa.array(pools.offsets.astype(np.int32))
-
-    def ragged(values: pa.Array) -> pa.ListArray:
-        return pa.ListArray.from_arrays(offsets, values)
-
-    cand = pools.candidate_ids
-    return pa.table(
-        {
-            S.ID: anchor_ids,
-            S.ROW: pa.array(pools.anchor_ids, pa.int64()),
-            S.POOL_ROWS: ragged(pa.array(cand, pa.int64())),
-            S.POOL_IDS: ragged(ids.take(pa.array(cand, pa.int64()))),
-            S.POOL_COS: ragged(pa.array(pools.cosines, pa.float32())),
-            S.POOL_RANDOM: ragged(pa.array(pools.from_random, pa.bool_())),
-            S.BAND_LOW: pa.array(pools.band_low, pa.float32()),
-            S.BAND_HIGH: pa.array(pools.band_high, pa.float32()),
-            S.WAS_SHORT: pa.array(pools.was_short, pa.bool_()),
-            S.SHORT: pa.array(pools.short, pa.bool_()),
-            S.FALLBACK: pa.array(pools.fallback.tolist(), pa.string()),
-        }
-    )
-
-
 # --- the stage --------------------------------------------------------------------------------
 
 
@@ -291,71 +200,6 @@ def _open_augmentations(path: str | None) -> Dataset | None:
     return open_dataset(path, S.CANDIDATES) if path and dataset_path(path).exists() else None
 
 
-def _write_search_index(index, path: Path) -> None:
-    """The index, on the CPU, where the Dask workers read it (atomically: a worker never reads
-    half a file)."""
-    import faiss
-    from pairforge.stages.mine.ondisk import is_mapped
-    from pairforge.stages.mine.searcher import INDEX_FILE, _on_gpu
-    from pairforge.stages.mine.torch_search import TorchFlatIndex
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if is_mapped(index):
-        # Its lists are mapped from <output>/_work/index.faiss, which faiss wrote: the workers
-        # map the same file (a link; faiss cannot write an index whose lists it mapped).
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(path.with_name(INDEX_FILE), tmp)
-        except OSError:  # a filesystem without hard links
-            shutil.copyfile(path.with_name(INDEX_FILE), tmp)
-    elif isinstance(index, TorchFlatIndex):
-        # The workers search on the CPU with faiss's exact index of the same vectors: the same
-        # neighbours up to exact ties (tests/stages/mine/test_torch_search.py).
-        flat = faiss.IndexFlatIP(index.d)
-        flat.add(index.corpus.cpu().numpy())
-        faiss.write_index(flat, str(tmp))
-    else:
-        faiss.write_index(faiss.index_gpu_to_cpu(index) if _on_gpu(index) else index, str(tmp))
-    tmp.replace(path)
-
-
-def _share_index(cfg: MineConfig, index_path: Path, index: Any) -> str:
-    """Where the Dask workers read the saved index: the local file when the output is local
-    (the workers share its filesystem), else copies in the store under ``<output>/_work`` (the
-    index and, beside it, the spilled vectors a non-flat index searches with), so that workers
-    that share no filesystem with this process fetch them (:func:`_fetch_index`)."""
-    output = dataset_path(cfg.output)
-    if not isinstance(output, RemotePath):
-        return str(index_path)
-    import faiss
-    from pairforge.stages.mine.torch_search import TorchFlatIndex
-
-    shared = output / "_work"
-    flat = isinstance(index, (faiss.IndexFlat, TorchFlatIndex))  # searched on its own vectors
-    for name in (SEARCH_FILE,) if flat else (VECTOR_FILE, SEARCH_FILE):
-        (shared / name).upload(index_path.parent / name)
-    return str(shared / SEARCH_FILE)
-
-
-def _fetch_index(url: str, key: str) -> str:
-    """A worker's local copy of the index the driver put in the store (and of the vectors beside
-    it), in the local cache under the run's key; earlier runs' copies there are removed."""
-    folder = shard_cache().parent / "mine-index"
-    here = folder / hashlib.sha256(f"{url}|{key}".encode()).hexdigest()[:16]
-    shared = dataset_path(url).parent
-    if not (here / SEARCH_FILE).is_file():
-        if folder.is_dir():  # the workers of a machine share it: each copies under its own name
-            for old in folder.iterdir():
-                if old != here:
-                    shutil.rmtree(old, ignore_errors=True)
-        here.mkdir(parents=True, exist_ok=True)
-        if (shared / VECTOR_FILE).exists():
-            (shared / VECTOR_FILE).download(here / VECTOR_FILE)
-        (shared / SEARCH_FILE).download(here / SEARCH_FILE)  # last: its presence means done
-    return str(here / SEARCH_FILE)
-
-
 def _threads(n: int) -> None:
     if n > 0:
         import faiss
@@ -363,27 +207,10 @@ def _threads(n: int) -> None:
         faiss.omp_set_num_threads(n)
 
 
-def _anchor_table(
-    ids: pa.Array, start: int, stop: int, aug_rows: np.ndarray, aug_texts: pa.Array
-) -> pa.Table:
-    lo, hi = np.searchsorted(aug_rows, [start, stop])
-    local = aug_rows[lo:hi] - start
-    counts = np.bincount(local, minlength=stop - start)
-    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32))
-    return pa.table(
-        {
-            S.ID: ids.slice(start, stop - start),
-            S.ROW: pa.array(np.arange(start, stop, dtype=np.int64)),
-            AUGMENTATIONS: pa.ListArray.from_arrays(offsets, aug_texts.slice(lo, hi - lo)),
-        }
-    )
-
-
 # The search state of the run a worker process last served, by the run's key: the index mapped
 # from disk and the corpus read once per process, not once per task.
 _STATE: dict[str, dict[str, Any]] = {}
 _STATE_LOCK = threading.Lock()
-SEARCH_FILE = "search.faiss"  # the index as the Dask workers read it, in <output>/_work
 
 
 class MineShard:
@@ -395,7 +222,7 @@ class MineShard:
     with ``faiss.IO_FLAG_MMAP`` (the index's vectors and lists stay in the page cache, shared by
     the workers of a machine) and the corpus (ids, texts; the vectors when the index does not
     hold them) from the shared filesystem, once. When the output is in a store the index and the
-    vectors are copied there and each worker fetches them once (:func:`_share_index`), so the
+    vectors are copied there and each worker fetches them once (:func:`share_index`), so the
     workers need no filesystem shared with the driver. In-process, the driver's searcher is used.
     """
 
@@ -422,7 +249,7 @@ class MineShard:
                 _STATE.clear()
                 path = self.index_path
                 if is_url(path):  # a worker that shares no filesystem with the driver
-                    path = _fetch_index(path, self.key)
+                    path = fetch_index(path, self.key)
                 state = _STATE[self.key] = _worker_state(self.cfg, path)
             return state
 
@@ -482,91 +309,6 @@ def _worker_state(cfg: MineConfig, index_path: str) -> dict[str, Any]:
     return {"searcher": searcher, "texts": ArrowTexts(table[S.TEXT]), "ids": ids}
 
 
-def _size_stats(sizes: np.ndarray) -> dict[str, Any]:
-    if not sizes.size:
-        return {"mean": None}
-    q = np.percentile(sizes, [10, 50, 90])
-    return {
-        "mean": round(float(sizes.mean()), 3),
-        "p10": float(q[0]),
-        "p50": float(q[1]),
-        "p90": float(q[2]),
-        "max": int(sizes.max()),
-        "empty": int((sizes == 0).sum()),
-    }
-
-
-def band_coverage(searcher: Searcher, cfg: MineConfig) -> dict[str, Any]:
-    """How much of the band the search reaches, on a seeded sample of ``recall_sample`` anchors:
-    the exact band size (brute force, every other sentence with a cosine in the band) against
-    the in-band neighbours that the grown search returns. An approximate index's misses count
-    against the coverage too."""
-    from pairforge.stages.mine.searcher import band_sizes
-
-    n = len(searcher.vectors)
-    rng = np.random.default_rng(cfg.seed)
-    rows = np.sort(rng.choice(n, size=min(cfg.recall_sample, n), replace=False))
-    band = band_sizes(  # (s,)
-        searcher.vectors,
-        rows,
-        cfg.band_low,
-        cfg.band_high,
-        release=searcher.release,
-        take=searcher.take,
-    )
-    cap = None if cfg.pool_cap is None else cfg.pool_cap + 1
-    found = searcher.band_neighbours(rows, cfg.band_low, cap)
-    in_band = (found.ids >= 0) & (found.ids != rows[:, None])
-    in_band &= (found.scores >= np.float32(cfg.band_low)) & (
-        found.scores <= np.float32(cfg.band_high)
-    )
-    return {"rows": rows, "band": band, "retrieved": in_band.sum(axis=1)}
-
-
-def _coverage_metrics(
-    cfg: MineConfig, totals: dict[str, int], sizes: np.ndarray, sample: dict[str, Any]
-) -> dict[str, Any]:
-    """The ``band_coverage`` metrics: the cap, the share of anchors it stopped, and (from the
-    coverage sample, when this run searched) band size, in-band neighbours reached and pool size.
-    ``coverage`` = in-band neighbours reached / band size, pooled over the sample."""
-    anchors = max(1, int(sizes.size))
-    out: dict[str, Any] = {
-        "k": cfg.k,
-        "pool_cap": cfg.pool_cap,
-        "capped": totals.get("capped", 0),
-        "capped_share": round(totals.get("capped", 0) / anchors, 4),
-        "mean_band_retrieved": round(totals.get("band_retrieved", 0) / anchors, 3),
-        "mean_pool": round(float(sizes.mean()), 3) if sizes.size else None,
-    }
-    if sample:
-        band, got = sample["band"], sample["retrieved"]
-        rows = sample["rows"]
-        pool = sizes[rows] if rows.size and sizes.size > rows.max() else None
-        out.update(
-            sample=int(band.size),
-            mean_band_size=round(float(band.mean()), 3),
-            mean_band_reached=round(float(got.mean()), 3),
-            coverage=round(float(got.sum() / band.sum()), 4) if band.sum() else 1.0,
-            pool_over_band=round(float(pool.sum() / band.sum()), 4)
-            if pool is not None and band.sum()
-            else None,
-        )
-    return out
-
-
-@dataclass
-class _Facts:
-    """What this run's search learnt, for the manifest and the metrics: the index (kind, build
-    time, recall), the band-coverage sample, what each source of own augmentations held, and the
-    seconds the shards' searches took. Empty when the pools were already finished."""
-
-    index: dict[str, Any] = field(default_factory=dict)
-    coverage_sample: dict[str, Any] = field(default_factory=dict)
-    augmentations: dict[str, Any] = field(default_factory=dict)
-    rewrites: dict[str, Any] = field(default_factory=dict)
-    search_seconds: float = 0.0
-
-
 def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None) -> dict[str, Any]:
     """Mine every anchor's pool, the queries on ``executor`` (default: in this process, one
     shard after another); returns the metrics written to ``cfg.metrics``. The index is built
@@ -578,16 +320,16 @@ def run(cfg: MineConfig, progress: bool = True, executor: Executor | None = None
         writer = run.output("output", S.POOLS, fingerprint=corpus.fingerprint)
         shards = len(corpus.sentences)
         todo = pending([writer], shards)
-        facts = _Facts()
+        facts = SearchFacts()
         # Also with every shard done but no manifest (a kill in the finishing step): the facts
         # the manifest records come from the index and the augmentations, as in an uninterrupted
         # run.
         if not writer.complete:
             facts = _search(run, corpus, writer, todo)
         manifest = _finalize(cfg, writer, shards, facts)
-        metrics = _metrics(cfg, manifest, facts, computed=len(todo), shards=shards)
+        metrics = stage_metrics(cfg, manifest, facts, computed=len(todo), shards=shards)
         run.finish(metrics, timed=True)
-        _log_summary(cfg, metrics)
+        log_summary(cfg, metrics)
         return metrics
 
 
@@ -628,13 +370,13 @@ def _open_corpus(run: StageRun) -> _Corpus:
     )
 
 
-def _search(run: StageRun, corpus: _Corpus, writer: DatasetWriter, todo: list[int]) -> _Facts:
+def _search(run: StageRun, corpus: _Corpus, writer: DatasetWriter, todo: list[int]) -> SearchFacts:
     """Open the index and its searcher, sample the band coverage, gather the anchors' own
     augmentations, and mine the pending shards ``todo`` into ``writer`` (none: the searcher is
     still opened, for the facts the manifest records)."""
     cfg = run.cfg
     index, searcher, index_facts = _open_searcher(cfg, corpus.embeddings, corpus.ids)
-    facts = _Facts(index=index_facts)
+    facts = SearchFacts(index=index_facts)
     if cfg.recall_sample:
         facts.coverage_sample = band_coverage(searcher, cfg)
     ids = corpus.ids
@@ -734,15 +476,15 @@ def _mine_shards(
     # Absolute: a worker of a --scheduler cluster may run in another folder.
     index_path = (work_folder(cfg.output) / SEARCH_FILE).resolve()
     if not in_process:
-        _write_search_index(index, index_path)
+        write_search_index(index, index_path)
     state = {"searcher": searcher, "texts": corpus.texts, "ids": corpus.ids} if in_process else None
-    where = str(index_path) if in_process else _share_index(cfg, index_path, index)
+    where = str(index_path) if in_process else share_index(cfg, index_path, index)
     fn = MineShard(cfg, key, where, state)
     shard_rows = [s["rows"] for s in corpus.sentences.manifest["shards"]]
     bounds = np.concatenate([[0], np.cumsum(shard_rows)])
     # The anchor tables (ids, rows, own augmentations) are small: the driver cuts them.
     anchors = (
-        (i, _anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
+        (i, anchor_table(corpus.ids, int(bounds[i]), int(bounds[i + 1]), *augs)) for i in todo
     )
     try:
         shard_facts = run.map(fn, anchors, {"pools": writer}, with_index=True)
@@ -752,7 +494,9 @@ def _mine_shards(
     return sum(f["seconds"] for f in shard_facts)
 
 
-def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts) -> dict[str, Any]:
+def _finalize(
+    cfg: MineConfig, writer: DatasetWriter, shards: int, facts: SearchFacts
+) -> dict[str, Any]:
     """Finish the pools dataset: its manifest records how the pools were made (the index, the own
     augmentations, the coverage sample); the saved index in ``<output>/_work`` goes. Returns the
     manifest."""
@@ -772,84 +516,6 @@ def _finalize(cfg: MineConfig, writer: DatasetWriter, shards: int, facts: _Facts
     if isinstance(dataset_path(cfg.output), RemotePath):
         remove_tree(dataset_path(cfg.output) / "_work")  # its copies for the workers
     return manifest
-
-
-def _metrics(
-    cfg: MineConfig,
-    manifest: dict[str, Any],
-    facts: _Facts,
-    *,
-    computed: int,
-    shards: int,
-) -> dict[str, Any]:
-    """The stage's metrics but ``seconds`` (added last by ``run``), from the finished pools and
-    their manifest (so a rerun that finds them finished reports the same) and this run's index
-    facts."""
-    coverage_sample = {
-        k: np.asarray(v, dtype=np.int64) for k, v in manifest.get("band_sample", {}).items()
-    }
-    totals: dict[str, int] = {}
-    for shard in manifest["shards"]:
-        for key, value in shard["counts"].items():
-            totals[key] = totals.get(key, 0) + value
-    pools = open_dataset(cfg.output, S.POOLS)
-    sizes = _pool_sizes(pools)
-    return {
-        "anchors": pools.num_rows,
-        "index": facts.index or manifest.get("index", {}),
-        "k": cfg.k,
-        "pool_cap": cfg.pool_cap,
-        "band_coverage": _coverage_metrics(cfg, totals, sizes, coverage_sample),
-        "band": [cfg.band_low, cfg.band_high],
-        "fallback": cfg.fallback,
-        "min_pool": cfg.min_pool,
-        "pool_size": _size_stats(sizes),
-        "candidates_in_pools": totals.get("candidates", 0),
-        "random_candidates": totals.get("random_candidates", 0),
-        "short_before_fallback": totals.get("was_short", 0),
-        "short_after_fallback": totals.get("short", 0),
-        "fallback_used": {f: totals.get(f"fallback_{f}", 0) for f in ("widen", "random")},
-        "excluded": {r: totals.get(f"excluded_{r}", 0) for r in EXCLUSION_REASONS},
-        "augmentations": manifest.get("augmentations", {}),
-        "rewrites": manifest.get("rewrites", {}),
-        "computed_shards": computed,
-        "shards": shards,
-        "pool_seconds": round(facts.search_seconds, 3),
-    }
-
-
-def _pool_sizes(pools: Dataset) -> np.ndarray:
-    """Every anchor's pool size, in row order: ``(anchors,)`` int64."""
-    return np.concatenate(
-        [
-            pc.list_value_length(t[S.POOL_ROWS]).to_numpy(zero_copy_only=False)
-            for t in pools.iter_shards([S.POOL_ROWS])
-        ]
-        or [np.empty(0, np.int64)]
-    )
-
-
-def _log_summary(cfg: MineConfig, metrics: dict[str, Any]) -> None:
-    """Log the band coverage and the pool sizes of ``metrics``, two lines."""
-    st = metrics["pool_size"]
-    cov = metrics["band_coverage"]
-    log.info(
-        "mine: band coverage %s (retrieved in band / band, sample of %s anchors), %s of anchors "
-        "capped at %s neighbours",
-        cov.get("coverage"),
-        cov.get("sample"),
-        cov.get("capped_share"),
-        cfg.pool_cap or cfg.k,
-    )
-    log.info(
-        "mine: %d anchors, pool size mean %s (p10 %s), %d short before fallback, %d after (%s)",
-        metrics["anchors"],
-        st.get("mean"),
-        st.get("p10"),
-        metrics["short_before_fallback"],
-        metrics["short_after_fallback"],
-        cfg.fallback,
-    )
 
 
 @stage_command(STAGE)

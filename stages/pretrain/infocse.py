@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from pairforge.pipeline.plumbing.files import apply_umask, atomic_write_json
 from pairforge.pipeline.plumbing.progress import Progress
-from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json
 from pairforge.pipeline.science.models import mlm_head_of
 from pairforge.train.infocse_aux import (
     AuxiliaryMLM,

@@ -23,9 +23,7 @@ from pathlib import Path
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import ModelSpec, StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.shards import (
-    atomic_write_bytes,
-)
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.models import load_masked_lm, pick_device, resolve_model

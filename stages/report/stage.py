@@ -32,7 +32,8 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import ConfigError, PairforgeError
-from pairforge.pipeline.plumbing.shards import atomic_write_bytes, open_dataset
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.science.mining_inputs import encoder_info, load_vectors, open_embeddings

@@ -43,19 +43,14 @@ import pyarrow.compute as pc
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import DataIntegrityError, PairforgeError
+from pairforge.pipeline.plumbing.files import atomic_write_bytes
 from pairforge.pipeline.plumbing.runner import (
     Executor,
     LocalExecutor,
     ShardResult,
     pending,
 )
-from pairforge.pipeline.plumbing.shards import (
-    Dataset,
-    DatasetWriter,
-    atomic_write_bytes,
-    open_dataset,
-    work_folder,
-)
+from pairforge.pipeline.plumbing.shards import Dataset, DatasetWriter, open_dataset, work_folder
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.pipeline.plumbing.storage import dataset_path

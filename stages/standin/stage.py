@@ -22,7 +22,8 @@ from pathlib import Path
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.config import StageConfig
 from pairforge.pipeline.plumbing.errors import PairforgeError
-from pairforge.pipeline.plumbing.shards import apply_umask, atomic_write_json, open_dataset
+from pairforge.pipeline.plumbing.files import apply_umask, atomic_write_json
+from pairforge.pipeline.plumbing.shards import open_dataset
 from pairforge.pipeline.plumbing.stagedefs import StageDef
 from pairforge.pipeline.plumbing.stagerun import StageRun
 from pairforge.stages.options import stage_command

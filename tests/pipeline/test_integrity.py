@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from pairforge.pipeline.plumbing import integrity
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing import shards as shards_module
 from pairforge.pipeline.plumbing.errors import CorruptShardError
@@ -180,8 +181,8 @@ def test_a_shard_is_hashed_once_per_process_until_it_changes(tmp_path, monkeypat
     for file in (tmp_path / "ds" / "data").iterdir():
         os.utime(file, (old, old))
     calls = []
-    real = shards_module._hasher
-    monkeypatch.setattr(shards_module, "_hasher", lambda a: calls.append(a) or real(a))
+    real = integrity._hasher
+    monkeypatch.setattr(integrity, "_hasher", lambda a: calls.append(a) or real(a))
     dataset = open_dataset(tmp_path / "ds", S.SENTENCES)
     dataset.read_table()
     dataset.read_table()
@@ -248,8 +249,9 @@ def test_a_stage_reading_a_corrupt_shard_exits_2_with_one_line(tmp_path):
 
 
 def test_no_reader_bypasses_the_verified_read():
-    """Every Parquet read of a pairforge dataset goes through pipeline/plumbing/shards.py's verified
-    functions; raw corpus files (pipeline/science/readers.py, ingest's inputs) are not datasets."""
+    """Every Parquet read of a pairforge dataset goes through the verified functions
+    (pipeline/plumbing/integrity.py; files.py's open_parquet, the one opener, opens what they
+    checked); raw corpus files (pipeline/science/readers.py, ingest's inputs) are not datasets."""
     import ast
 
     from tests.conftest import ROOT
@@ -266,7 +268,11 @@ def test_no_reader_bypasses_the_verified_read():
         "dataset",
     }
     modules = {"pq", "pl", "ds", "pa", "polars", "pyarrow", "duckdb"}
-    allowed = {"pipeline/plumbing/shards.py", "pipeline/science/readers.py", "stages/verify.py"}
+    allowed = {
+        "pipeline/plumbing/files.py",
+        "pipeline/science/readers.py",
+        "stages/verify.py",
+    }
     offenders = []
     for folder in ("pipeline", "stages", "train"):
         for file in sorted((ROOT / folder).rglob("*.py")):

@@ -16,12 +16,8 @@ from pairforge.pipeline.plumbing.errors import (
     DataIntegrityError,
     IncompleteDatasetError,
 )
-from pairforge.pipeline.plumbing.shards import (
-    DatasetWriter,
-    file_checksums,
-    open_dataset,
-    run_info_path,
-)
+from pairforge.pipeline.plumbing.files import file_checksums
+from pairforge.pipeline.plumbing.shards import DatasetWriter, open_dataset, run_info_path
 
 
 def sentences(n: int, offset: int = 0) -> pa.Table:

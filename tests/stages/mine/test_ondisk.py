@@ -18,6 +18,7 @@ from pairforge.pipeline.science.mining_inputs import MappedVectors, RowsRead
 from pairforge.stages.mine import index as index_module
 from pairforge.stages.mine import ondisk
 from pairforge.stages.mine import searcher as searcher_module
+from pairforge.stages.mine import shard as shard_module
 from pairforge.stages.mine import stage as stage_module
 from pairforge.stages.mine.index import build_index, measure_recall, search
 from pairforge.stages.mine.searcher import Searcher, band_sizes
@@ -250,7 +251,7 @@ def test_pool_rules_in_parts_write_the_same_bytes(monkeypatch, project, tmp_path
     cfg = dict(k=16, pool_cap=None, min_pool=30, anchor_batch=40, fallback="random")
     whole = run(mine_cfg(project, **cfg), progress=False)
     want = _shard_bytes(project)
-    monkeypatch.setattr(stage_module, "RULE_BATCH", 7)
+    monkeypatch.setattr(shard_module, "RULE_BATCH", 7)
     parts = run(mine_cfg(project, **cfg, output=str(tmp_path / "pools")), progress=False)
     got = [p.read_bytes() for p in sorted((tmp_path / "pools/data").iterdir())]
     assert got == want
