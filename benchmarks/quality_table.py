@@ -110,6 +110,12 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                         if by_seed[s].get("best_dev") is not None
                     ]
                 ),  # fmt: skip
+                # Each seed's kept dev score (its longest run): what rows are paired on by dev.
+                "devs": {
+                    s: by_seed[s]["best_dev"]
+                    for s in seeds
+                    if by_seed[s].get("best_dev") is not None
+                },
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
                 # Seeds whose run was rerun with more steps, and with how many: because its
                 # best dev step was late (``settled``), or only to pair at equal length with
@@ -231,17 +237,42 @@ def targets(
     return out
 
 
+def dev_versus_default(row: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    """``row``'s kept dev score minus the default's, seed by seed on the seeds both have (each
+    seed's longest run, the settled reading), with mean, sd and 95% interval, and the rule's
+    verdict: ``replaces`` only when the interval is above 0 (docs/quality.md, "Choosing
+    defaults on dev"); one seed, or an interval reaching 0, leaves the default in place."""
+    seeds = sorted(set(row["devs"]) & set(default["devs"]))
+    d = _spread([row["devs"][s] - default["devs"][s] for s in seeds])
+    d["n"] = len(seeds)
+    d["replaces"] = d["ci95"] is not None and d["ci95"][0] > 0
+    return d
+
+
 def dev_choices(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
     """The negatives rows of one start ranked by their kept dev score (mean over seeds): what
-    a default is chosen by. Lines ``row: dev (n seeds)``, best first."""
+    a default is chosen by. Lines ``row: dev (n seeds; test)``, best first; each other row
+    with seeds in common with the default (``DEFAULT_ROW``) adds its paired dev difference to
+    it and the rule's verdict (:func:`dev_versus_default`)."""
     rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
     rows = [s for s in rows if s["best_dev"][0] is not None]
     rows.sort(key=lambda s: -s["best_dev"][0])
-    return [
-        f"{s['row']}: dev {s['best_dev'][0]:.2f} ({len(s['seeds'])} seed"
-        f"{'s' if len(s['seeds']) != 1 else ''}; test {s['avg'][0]:.2f})"
-        for s in rows
-    ]
+    default = next((s for s in rows if s["row"] == DEFAULT_ROW), None)
+    lines = []
+    for s in rows:
+        n = len(s["seeds"])
+        plural = "s" if n != 1 else ""
+        line = f"{s['row']}: dev {s['best_dev'][0]:.2f} ({n} seed{plural}; test {s['avg'][0]:.2f})"
+        if default is not None and s is not default:
+            d = dev_versus_default(s, default)
+            if d["n"]:
+                verdict = "replaces the default" if d["replaces"] else "not separated"
+                line += (
+                    f"; dev vs the default {d['mean']:+.2f}{_ci(d['ci95'])} over {d['n']} "
+                    f"seed{'s' if d['n'] != 1 else ''}: {verdict}"
+                )
+        lines.append(line)
+    return lines
 
 
 def _pm(mean: float | None, sd: float | None, signed: bool = False) -> str:

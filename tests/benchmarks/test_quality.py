@@ -162,10 +162,42 @@ def test_negatives_rows_are_ranked_by_dev_not_by_test(records):
     lines = table.dev_choices(table.summarize(records), "cls")
     # SimCSE and the mined-positives rows are not negatives rows; one line per negatives row.
     assert lines == [
-        "peer: dev 81.50 (3 seeds; test 76.00)",
-        "uniform: dev 80.90 (2 seeds; test 76.50)",
+        "peer: dev 81.50 (3 seeds; test 76.00); dev vs the default +1.30 [+1.30, +1.30] over 3 "
+        "seeds: replaces the default",
+        "uniform: dev 80.90 (2 seeds; test 76.50); dev vs the default +0.70 [+0.70, +0.70] over "
+        "2 seeds: replaces the default",
         "ipw_calibrated: dev 80.20 (3 seeds; test 77.67)",
     ]
+
+
+def test_a_row_first_by_dev_replaces_the_default_only_when_separated(records):
+    """The rule of docs/quality.md: the paired dev difference to the default, over the seeds
+    both have, must have its 95% interval above 0; first by mean dev is not enough."""
+    dev = {
+        ("ipw_calibrated", 1): 80.0, ("ipw_calibrated", 2): 80.5, ("ipw_calibrated", 3): 80.2,
+        # +0.9, -0.1, +0.5 over the default: first by dev, the interval reaches below 0
+        ("peer", 1): 80.9, ("peer", 2): 80.4, ("peer", 3): 80.7,
+        # +0.2 on seeds 1 and 2 alone (no seed 3): an interval of width 0 above 0
+        ("uniform", 1): 80.2, ("uniform", 2): 80.7,
+    }  # fmt: skip
+    records = [{**r, "best_dev": dev.get((r["row"], r["seed"]))} for r in records]
+    summary = table.summarize(records)
+    by_row = {s["row"]: s for s in summary if s["start"] == "cls"}
+    d = table.dev_versus_default(by_row["peer"], by_row["ipw_calibrated"])
+    assert d["n"] == 3 and d["per_seed"] == pytest.approx([0.9, -0.1, 0.5])
+    assert d["mean"] == pytest.approx(0.4333, abs=1e-3)
+    assert d["ci95"][0] < 0 < d["ci95"][1] and not d["replaces"]
+    u = table.dev_versus_default(by_row["uniform"], by_row["ipw_calibrated"])
+    assert u["n"] == 2 and u["replaces"]  # both seeds +0.2: the rule moves the default
+    lines = table.dev_choices(summary, "cls")
+    assert lines[0].startswith("peer: dev 80.67 (3 seeds;")
+    assert lines[0].endswith("over 3 seeds: not separated")
+    assert lines[1].endswith("over 2 seeds: replaces the default")
+    assert lines[2] == "ipw_calibrated: dev 80.23 (3 seeds; test 77.67)"
+    # One seed in common gives no interval: never a replacement.
+    one = [r for r in records if not (r["row"] == "uniform" and r["seed"] == 2)]
+    by_row = {s["row"]: s for s in table.summarize(one) if s["start"] == "cls"}
+    assert not table.dev_versus_default(by_row["uniform"], by_row["ipw_calibrated"])["replaces"]
 
 
 def test_markdown_lists_every_row_with_its_spread(records):
