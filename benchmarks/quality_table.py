@@ -70,6 +70,7 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         mean_d, sd_d = _mean_sd(diffs)
         # Every run's average by seed and length: what rows are paired on.
         avgs = {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds}
+        devs = {s: by_seed[s]["best_dev"] for s in seeds if by_seed[s].get("best_dev") is not None}
         base_avgs = {s: {n: r["avg"] for n, r in by_n.items()} for s, by_n in base_runs.items()}
         # The settled reading: each seed's longest run against the baseline's longest run of
         # the same seed, whatever their lengths (a settled 500-step run against an unsettled
@@ -103,19 +104,9 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "runs": avgs,
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
                 # The dev score the run kept (mean over seeds): what a default is chosen by.
-                "best_dev": _mean_sd(
-                    [
-                        by_seed[s]["best_dev"]
-                        for s in seeds
-                        if by_seed[s].get("best_dev") is not None
-                    ]
-                ),  # fmt: skip
+                "best_dev": _mean_sd(list(devs.values())),
                 # Each seed's kept dev score (its longest run): what rows are paired on by dev.
-                "devs": {
-                    s: by_seed[s]["best_dev"]
-                    for s in seeds
-                    if by_seed[s].get("best_dev") is not None
-                },
+                "devs": devs,
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
                 # Seeds whose run was rerun with more steps, and with how many: because its
                 # best dev step was late (``settled``), or only to pair at equal length with
