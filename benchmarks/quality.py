@@ -65,7 +65,7 @@ from quality_rows import (  # noqa: E402
     Row,
 )
 from quality_table import (  # noqa: E402
-    dev_choices,
+    dev_table,
     markdown,
     mixed_lengths,
     summarize,
@@ -646,10 +646,10 @@ def main(argv: list[str] | None = None) -> None:
         text += "\nTargets (each seed's longest runs, the settled reading):\n\n"
         text += "\n".join(lines) + "\n"
     for start in args.starts:
-        ranked = dev_choices(summary, start)
+        ranked = dev_table(summary, start)
         if ranked:
             text += f"\nNegatives rows by dev ({start} start; defaults are chosen here):\n\n"
-            text += "".join(f"- {line}\n" for line in ranked)
+            text += "".join(f"{line}\n" for line in ranked)
     if all((p / "_manifest.json").exists() for p in pairs.values()):
         stats = plot_negatives(pairs, out / "negatives.png")
         text += "\nSampled negatives (negatives.png):\n\n| sampler | negatives | mean cos | mean edit |\n|---|---:|---:|---:|\n"

@@ -108,6 +108,8 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 # Each seed's kept dev score (its longest run): what rows are paired on by dev.
                 "devs": devs,
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
+                # Each seed's kept step and its run's length (the longest run).
+                "best_steps": {s: (by_seed[s]["best_step"], by_seed[s]["steps"]) for s in seeds},
                 # Seeds whose run was rerun with more steps, and with how many: because its
                 # best dev step was late (``settled``), or only to pair at equal length with
                 # another row's rerun of that seed, its own run having settled (``companion``).
@@ -240,29 +242,46 @@ def dev_versus_default(row: dict[str, Any], default: dict[str, Any]) -> dict[str
     return d
 
 
-def dev_choices(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
+def dev_table(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
     """The negatives rows of one start ranked by their kept dev score (mean over seeds): what
-    a default is chosen by. Lines ``row: dev (n seeds; test)``, best first; each other row
-    with seeds in common with the default (``DEFAULT_ROW``) adds its paired dev difference to
-    it and the rule's verdict (:func:`dev_versus_default`)."""
+    a default is chosen by, as markdown table lines, best first (none when no row has a dev
+    score). Each row: its seeds, dev mean ± sd, its paired dev difference to the default
+    (``DEFAULT_ROW``) with the rule's verdict (:func:`dev_versus_default`), test mean ± sd, its
+    paired test difference to the peer's best setting by dev, and the seeds whose longest run
+    has not settled (best step / steps). Differences pair each seed's longest runs (the settled
+    reading) over the seeds both rows have; one seed gives the difference alone, no interval."""
     rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
     rows = [s for s in rows if s["best_dev"][0] is not None]
+    if not rows:
+        return []
     rows.sort(key=lambda s: -s["best_dev"][0])
-    default = next((s for s in rows if s["row"] == DEFAULT_ROW), None)
-    lines = []
+    by_row = {s["row"]: s for s in rows}
+    default = by_row.get(DEFAULT_ROW)
+    peer = _by_dev(by_row, PEER_ROWS)
+    lines = [
+        "| row | negatives | seeds | dev | dev - default, paired [95%] | verdict | test | "
+        f"test - {peer or 'the peer'}, paired [95%] | not settled (best/steps) |",
+        "|---|---|---|---:|---:|---|---:|---:|---|",
+    ]
     for s in rows:
-        n = len(s["seeds"])
-        plural = "s" if n != 1 else ""
-        line = f"{s['row']}: dev {s['best_dev'][0]:.2f} ({n} seed{plural}; test {s['avg'][0]:.2f})"
+        label = ROWS[s["row"]].label.removeprefix("+ ")
+        if s is default:
+            label += " (**the default**)"
+        dev, verdict = "", ""
         if default is not None and s is not default:
             d = dev_versus_default(s, default)
             if d["n"]:
+                dev = _pm(d["mean"], None, signed=True) + _ci(d["ci95"])
                 verdict = "replaces the default" if d["replaces"] else "not separated"
-                line += (
-                    f"; dev vs the default {d['mean']:+.2f}{_ci(d['ci95'])} over {d['n']} "
-                    f"seed{'s' if d['n'] != 1 else ''}: {verdict}"
-                )
-        lines.append(line)
+        test = ""
+        if peer is not None and s["row"] != peer:
+            d = paired(s, by_row[peer], "longest")
+            test = "" if d["mean"] is None else _pm(d["mean"], None, signed=True) + _ci(d["ci95"])
+        late = ", ".join(f"{seed} ({s['best_steps'][seed][0]}/{s['best_steps'][seed][1]})"
+                         for seed in s["late_best"])  # fmt: skip
+        cells = [f"`{s['row']}`", label, ", ".join(map(str, s["seeds"])),
+                 _pm(*s["best_dev"]), dev, verdict, _pm(*s["avg"]), test, late or "-"]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

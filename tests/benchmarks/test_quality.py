@@ -159,15 +159,31 @@ def test_targets_say_met_not_met_and_not_run(records):
 def test_negatives_rows_are_ranked_by_dev_not_by_test(records):
     dev = {"peer": 81.5, "ipw_calibrated": 80.2, "uniform": 80.9, "simcse": 90.0}
     records = [{**r, "best_dev": dev.get(r["row"], 70.0)} for r in records]
-    lines = table.dev_choices(table.summarize(records), "cls")
-    # SimCSE and the mined-positives rows are not negatives rows; one line per negatives row.
-    assert lines == [
-        "peer: dev 81.50 (3 seeds; test 76.00); dev vs the default +1.30 [+1.30, +1.30] over 3 "
-        "seeds: replaces the default",
-        "uniform: dev 80.90 (2 seeds; test 76.50); dev vs the default +0.70 [+0.70, +0.70] over "
-        "2 seeds: replaces the default",
-        "ipw_calibrated: dev 80.20 (3 seeds; test 77.67)",
+    lines = table.dev_table(table.summarize(records), "cls")
+    # SimCSE and the mined-positives rows are not negatives rows; one line per negatives row,
+    # under a header naming the peer's best setting by dev, which the test column pairs with.
+    assert lines[0].startswith("| row | negatives | seeds | dev | dev - default, paired [95%] |")
+    assert "| test - peer, paired [95%] |" in lines[0]
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| `peer`",
+        "| `uniform`",
+        "| `ipw_calibrated`",
     ]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    # peer: every seed +1.3 on dev over the default (an interval of width 0 above 0).
+    assert cells[0][2:] == [
+        "1, 2, 3", "81.50 ± 0.00", "+1.30 [+1.30, +1.30]", "replaces the default",
+        "76.00 ± 0.50", "", "-",
+    ]  # fmt: skip
+    # uniform: test 76.0 and 77.0 against the peer's 75.5 and 76.0 (seeds 1, 2): +0.5, +1.0.
+    assert cells[1][3:] == [
+        "80.90 ± 0.00", "+0.70 [+0.70, +0.70]", "replaces the default", "76.50 ± 0.71",
+        "+0.75 [-2.43, +3.93]", "-",
+    ]  # fmt: skip
+    # The default has no dev difference to itself; its seed 3 kept step 480 of 500.
+    assert cells[2][1] == "negatives by IPW, calibrated (**the default**)"
+    assert cells[2][4:] == ["", "", "77.67 ± 1.04", "+1.67 [+0.23, +3.10]", "3 (480/500)"]
+    assert table.dev_table(table.summarize([{**r, "best_dev": None} for r in records])) == []
 
 
 def test_a_row_first_by_dev_replaces_the_default_only_when_separated(records):
@@ -189,11 +205,12 @@ def test_a_row_first_by_dev_replaces_the_default_only_when_separated(records):
     assert d["ci95"][0] < 0 < d["ci95"][1] and not d["replaces"]
     u = table.dev_versus_default(by_row["uniform"], by_row["ipw_calibrated"])
     assert u["n"] == 2 and u["replaces"]  # both seeds +0.2: the rule moves the default
-    lines = table.dev_choices(summary, "cls")
-    assert lines[0].startswith("peer: dev 80.67 (3 seeds;")
-    assert lines[0].endswith("over 3 seeds: not separated")
-    assert lines[1].endswith("over 2 seeds: replaces the default")
-    assert lines[2] == "ipw_calibrated: dev 80.23 (3 seeds; test 77.67)"
+    lines = table.dev_table(summary, "cls")
+    assert lines[2].startswith("| `peer` | negatives of ST mine_hard_negatives (random) | 1, 2, 3 |"
+                               " 80.67 ± 0.25 | +0.43 [")  # fmt: skip
+    assert " | not separated | " in lines[2]
+    assert lines[3].startswith("| `uniform` |") and " | replaces the default | " in lines[3]
+    assert lines[4].startswith("| `ipw_calibrated` |") and " | 80.23 ± 0.25 |  |  | " in lines[4]
     # One seed in common gives no interval: never a replacement.
     one = [r for r in records if not (r["row"] == "uniform" and r["seed"] == 2)]
     by_row = {s["row"]: s for s in table.summarize(one) if s["start"] == "cls"}
