@@ -168,13 +168,15 @@ def pack(
     repeat: bool = False,
     settle_steps: int | None = SETTLE_STEPS,
     mean_rows: list[str] | None = None,
+    also_steps: int | None = None,
 ) -> dict:
     """The archive of what the device needs, split into parts of at most ``part_mib``; returns
     the sitting's manifest (also ``into/sitting.json``). ``jobs``: runs at once on the device;
     ``repeat``: also rerun SimCSE's seed 1 apart (the run-to-run difference); ``settle_steps``:
     first rerun the recorded runs that had not settled with that many steps (None: not);
     ``mean_rows``: the rows also trained from mean pooling when ``starts`` has it (None: the
-    driver's default)."""
+    driver's default); ``also_steps``: also run the asked rows and seeds with that many steps,
+    settled or not (None: not)."""
     q = quality_module()
     args = quality_args(positives)
     pipeline = q.pipeline_folder(args, out)
@@ -201,6 +203,7 @@ def pack(
         "rows": list(rows), "seeds": list(seeds), "starts": list(starts), "positives": positives,
         "pipeline": pipeline.name, "settings": q.settings_tag(args), "package": package.name,
         "jobs": jobs, "repeat": repeat, "settle_steps": settle_steps, "mean_rows": mean_rows,
+        "also_steps": also_steps,
     }  # fmt: skip
     return split_archive(archive, into, part_mib, manifest)
 
@@ -385,6 +388,8 @@ def quality_commands(manifest: dict, tree: Path, records: Path, repeat_records: 
         cmds["table"] += ["--mean-rows", *manifest["mean_rows"]]
     if manifest.get("settle_steps"):
         cmds["table"] += ["--settle-steps", str(manifest["settle_steps"])]
+    if manifest.get("also_steps"):
+        cmds["table"] += ["--also-steps", str(manifest["also_steps"])]
     if manifest.get("repeat", True):
         cmds["repeat"] = [*base, "--out", str(tree / "run-repeat"), "--records",
                           str(repeat_records), "--rows", "simcse", "--seeds", "1", "--starts",
@@ -604,6 +609,13 @@ def main(argv: list[str] | None = None) -> None:
             default=SETTLE_STEPS,
             help="rerun unsettled recorded runs with this many steps first; 0: not",
         )
+        p.add_argument(
+            "--also-steps",
+            type=int,
+            default=0,
+            help="also run the asked rows and seeds with this many steps, settled or not "
+            "(equal-length pairing with the reruns); 0: not",
+        )
     p = sub.add_parser("receive")
     p.add_argument("part")
     p = sub.add_parser("run")
@@ -634,7 +646,7 @@ def main(argv: list[str] | None = None) -> None:
         manifest = pack(Path(args.out).resolve(), args.rows, args.seeds, args.starts,
                         args.positives, into, args.part_mib, jobs=args.jobs,
                         repeat=args.repeat, settle_steps=args.settle_steps or None,
-                        mean_rows=args.mean_rows)  # fmt: skip
+                        mean_rows=args.mean_rows, also_steps=args.also_steps or None)  # fmt: skip
         sizes = ", ".join(f"{p['bytes'] / MIB:.1f}" for p in manifest["parts"])
         print(f"sitting: {len(manifest['parts'])} parts ({sizes} MiB), settings "
               f"{manifest['settings']}; the device calls, in order:")  # fmt: skip

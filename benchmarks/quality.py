@@ -6,6 +6,7 @@ against SimCSE and against sentence-transformers' ``mine_hard_negatives`` (docs/
     python benchmarks/quality.py --out runs/quality --table-only    # the table of what is done
     python benchmarks/quality.py --jobs 12 --threads 1 --precision bf16 --save-every 500  # a GPU
     python benchmarks/quality.py --settle-steps 1000  # first rerun the unsettled runs recorded
+    python benchmarks/quality.py --rows ipw_calibrated --also-steps 1000  # settled runs too
 
 On the Wikipedia sentences of ``$PAIRFORGE_SHARED_DATA/corpus`` (as benchmarks/wiki_run.sh), it
 mines once (pairforge's pipeline up to ``mine``; ``sample`` once per sampler; the peer's negatives
@@ -471,15 +472,26 @@ def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
     return out
 
 
+def queue(records: Path, args) -> list[tuple[str, str, int, int | None]]:
+    """Every (row, start, seed, steps) to run, in order (``steps`` None: the protocol's): the
+    reruns of unsettled runs first (the table waits on them), then the runs asked for, then with
+    ``--also-steps`` the runs asked for again at that length, settled or not, so that a row is
+    read at the length of the rule's reruns it is ranked against (equal-length pairing)."""
+    todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
+    todo += [(*r, None) for r in plan(args)]
+    n = getattr(args, "also_steps", None)
+    if n:
+        todo += [(*r, n) for r in plan(args) if (*r, n) not in todo]
+    return todo
+
+
 def run_all(runs: Path, records: Path, pairs: dict, pipeline: dict, args) -> None:
     """The untrained scores and every planned run, ``args.jobs`` at a time (each run is its own
     processes, so threads suffice to drive them). A failed run stops the others' successors;
     the runs finished are kept (their records), so a rerun resumes."""
     from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
-    # The reruns of unsettled runs first (the table waits on them), then the runs asked for.
-    todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
-    todo += [(*r, None) for r in plan(args)]
+    todo = queue(records, args)
     if args.jobs == 1:
         untrained(runs, records, pipeline, args)
         for name, start, seed, steps in todo:
@@ -609,9 +621,16 @@ def main(argv: list[str] | None = None) -> None:
         "last 20%% of its steps with this many steps first (record seed<k>-s<N>.json, which the "
         "table then reads in its place)",
     )  # fmt: skip
+    parser.add_argument(
+        "--also-steps", type=int, default=None,
+        help="run the asked rows and seeds with this many steps as well, settled or not "
+        "(record seed<k>-s<N>.json): a row read at the length of the reruns it is ranked against",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.also_steps is not None and args.also_steps <= args.steps:
+        parser.error(f"--also-steps must be more than --steps ({args.steps})")
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

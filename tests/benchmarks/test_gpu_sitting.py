@@ -146,8 +146,15 @@ def test_the_packed_jobs_and_repeat_reach_the_device_runs(mined, package, shared
     assert cmds["repeat"][cmds["repeat"].index("--rows") + 1 :][:1] == ["simcse"]
     assert cmds["table"][cmds["table"].index("--jobs") + 1] == "5"
     assert cmds["table"].count("--jobs") == 1 and "--settle-steps" not in cmds["table"]
+    assert "--also-steps" not in cmds["table"]
     i = cmds["table"].index("--mean-rows")  # the rows the mean start trains, as packed
     assert cmds["table"][i + 1 : i + 3] == ["simcse", "ipw_calibrated"]
+    longer = sitting.pack(mined, ["ipw_calibrated"], [1], ["cls"], "apertium", tmp_path / "c",
+                          0.1, wheels=[], package=package, shared=shared,
+                          also_steps=1000)  # fmt: skip
+    cmds = sitting.quality_commands(longer, tmp_path, tmp_path / "r", tmp_path / "rr")
+    assert cmds["table"][-4:] == ["--settle-steps", str(sitting.SETTLE_STEPS), "--also-steps",
+                                  "1000"]  # fmt: skip
 
 
 @pytest.mark.slow

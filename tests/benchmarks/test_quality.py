@@ -578,3 +578,33 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     # A rerun is its own folder and record: a recorded one is skipped like any run.
     quality.run_one(runs, records, "simcse", "cls", 1, {}, {}, None, steps=1000)
     assert "simcse / cls / seed 1 (1000 steps): done before, kept" in capsys.readouterr().out
+
+
+def test_also_steps_runs_settled_runs_at_the_reruns_length_after_the_asked_ones(tmp_path):
+    """``--also-steps`` queues the asked rows and seeds again at that length, settled or not,
+    after the settle reruns and the protocol's runs, without queuing a rerun twice; the table
+    reads such a run as the seed's longest, a companion (its own run had settled)."""
+    records = tmp_path / "records"
+
+    def keep(row, seed, best, steps=None):
+        r = dict(record(row, seed, 76.0 + seed / 10, best=best), settings={"steps": 500})
+        r["steps"] = steps or 500
+        quality.write_json(quality.record_path(records, row, "cls", seed, steps), r)
+
+    keep("simcse", 1, 100)
+    keep("simcse", 2, 475)  # late: the rule's rerun, at the same length as --also-steps
+    args = _plan_args(rows=["simcse"], starts=["cls"], settle_steps=1000, also_steps=1000)
+    assert quality.queue(records, args) == [
+        ("simcse", "cls", 2, 1000), ("simcse", "cls", 1, None), ("simcse", "cls", 2, None),
+        ("simcse", "cls", 1, 1000),
+    ]  # fmt: skip
+    assert quality.queue(records, _plan_args(rows=["simcse"], starts=["cls"], settle_steps=None,
+                                             also_steps=None)) == [  # fmt: skip
+        ("simcse", "cls", 1, None), ("simcse", "cls", 2, None),
+    ]
+    keep("simcse", 1, 300, steps=1000)
+    keep("simcse", 2, 600, steps=1000)
+    s = table.summarize(quality.load_records(tmp_path / "runs", records))[0]
+    assert (s["settled"], s["companion"]) == ({2: 1000}, {1: 1000})
+    with pytest.raises(SystemExit):
+        quality.main(["--out", str(tmp_path / "out"), "--also-steps", "500", "--table-only"])
