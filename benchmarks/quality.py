@@ -480,8 +480,10 @@ def queue(records: Path, args) -> list[tuple[str, str, int, int | None]]:
     todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
     todo += [(*r, None) for r in plan(args)]
     n = getattr(args, "also_steps", None)
-    if n:
-        todo += [(*r, n) for r in plan(args) if (*r, n) not in todo]
+    for name, start, seed in plan(args) if n else []:
+        run = (name, "mask" if ROWS[name].prompt else start, seed, n)  # as :func:`unsettled`
+        if run not in todo:
+            todo.append(run)
     return todo
 
 

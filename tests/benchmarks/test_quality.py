@@ -598,10 +598,17 @@ def test_also_steps_runs_settled_runs_at_the_reruns_length_after_the_asked_ones(
         ("simcse", "cls", 2, 1000), ("simcse", "cls", 1, None), ("simcse", "cls", 2, None),
         ("simcse", "cls", 1, 1000),
     ]  # fmt: skip
-    assert quality.queue(records, _plan_args(rows=["simcse"], starts=["cls"], settle_steps=None,
-                                             also_steps=None)) == [  # fmt: skip
-        ("simcse", "cls", 1, None), ("simcse", "cls", 2, None),
-    ]
+    asked = _plan_args(rows=["simcse"], starts=["cls"], settle_steps=None, also_steps=None)
+    assert quality.queue(records, asked) == [("simcse", "cls", 1, None), ("simcse", "cls", 2, None)]
+    # DenoSent's runs are recorded under its prompt's start: its rerun is queued once.
+    prompt = tmp_path / "prompt"
+    late = dict(record("denosent", 1, 78.0, start="mask", best=500), settings={"steps": 500})
+    quality.write_json(quality.record_path(prompt, "denosent", "mask", 1), late)
+    args = _plan_args(rows=["denosent"], seeds=[1], starts=["cls"], settle_steps=1000,
+                      also_steps=1000)  # fmt: skip
+    assert quality.queue(prompt, args) == [
+        ("denosent", "mask", 1, 1000), ("simcse", "cls", 1, 1000), ("denosent", "cls", 1, None),
+    ]  # fmt: skip
     keep("simcse", 1, 300, steps=1000)
     keep("simcse", 2, 600, steps=1000)
     s = table.summarize(quality.load_records(tmp_path / "runs", records))[0]
