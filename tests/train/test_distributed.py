@@ -54,9 +54,12 @@ def grads(inputs: dict, rows: slice) -> dict[str, torch.Tensor]:
 
 def _worker(rank: int, world: int, port: int, folder: str) -> None:
     # One full-suite run of 2026-11-29 saw rank 1 abort ("terminate called without an active
-    # exception"); 140 runs of this test since, 120 of them three at a time, did not. Should it
-    # happen again, the Python stacks of every thread say where: in the collectives, in the
-    # shutdown, or after it, in the interpreter's exit.
+    # exception"); 140 runs of this test since, 120 of them three at a time, did not. On
+    # 2026-12-01 both ranks aborted so in 2 of 11 runs, and the Python stacks of every thread
+    # (below) held no Python frame in either rank: the abort is after the worker's code, in the
+    # interpreter's exit, not in the collectives or the shutdown. So the worker leaves through
+    # os._exit once its file is written; the trainer's own exit under torchrun is the slow
+    # test's (test_torchrun_with_two_cpu_processes_trains_like_one, below).
     faulthandler.enable(all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -72,6 +75,7 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
         )
     finally:
         distributed.shutdown()  # the trainer's way out: every rank together, then the teardown
+    os._exit(0)  # past the interpreter's exit (above); torch.save has closed the file
 
 
 def free_port() -> int:
