@@ -325,6 +325,12 @@ def train_params(pipeline: dict, row: Row, start: str, seed: int, pairs: Path, a
     return p
 
 
+def recorded_start(name: str, start: str) -> str:
+    """The start a row's run is trained and recorded under: a prompt row's (DenoSent) is its
+    prompt's ``mask``, whatever the start asked for."""
+    return "mask" if ROWS[name].prompt else start
+
+
 def run_name(seed: int, steps: int | None = None) -> str:
     """A run's folder and record name: ``seed<k>``, or ``seed<k>-s<N>`` for the rerun of an
     unsettled run with ``N`` steps (``--settle-steps``)."""
@@ -351,7 +357,7 @@ def run_one(
     """Train and score one (row, start, seed) unless its scores.json or its record exists;
     ``steps``: the rerun of an unsettled run with that many steps (its own folder and record)."""
     row = ROWS[name]
-    start = "mask" if row.prompt else start
+    start = recorded_start(name, start)
     folder = out / name / start / run_name(seed, steps)
     kept = record_path(records, name, start, seed, steps)
     label = f"{name} / {start} / seed {seed}" + (f" ({steps} steps)" if steps else "")
@@ -459,7 +465,7 @@ def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
     n = args.settle_steps
     out: list[tuple[str, str, int]] = []
     for name, start, seed in plan(argparse.Namespace(**{**vars(args), "jobs": 1})):
-        start = "mask" if ROWS[name].prompt else start
+        start = recorded_start(name, start)
         path = record_path(records, name, start, seed)
         if not path.exists() or record_path(records, name, start, seed, n).exists():
             continue
@@ -479,9 +485,9 @@ def queue(records: Path, args) -> list[tuple[str, str, int, int | None]]:
     read at the length of the rule's reruns it is ranked against (equal-length pairing)."""
     todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
     todo += [(*r, None) for r in plan(args)]
-    n = getattr(args, "also_steps", None)
+    n = args.also_steps
     for name, start, seed in plan(args) if n else []:
-        run = (name, "mask" if ROWS[name].prompt else start, seed, n)  # as :func:`unsettled`
+        run = (name, recorded_start(name, start), seed, n)  # as :func:`unsettled` queues it
         if run not in todo:
             todo.append(run)
     return todo

@@ -55,7 +55,7 @@ def grads(inputs: dict, rows: slice) -> dict[str, torch.Tensor]:
 def _worker(rank: int, world: int, port: int, folder: str) -> None:
     # One full-suite run of 2026-11-29 saw rank 1 abort ("terminate called without an active
     # exception"); 140 runs of this test since, 120 of them three at a time, did not. On
-    # 2026-12-01 both ranks aborted so in 2 of 11 runs, and the Python stacks of every thread
+    # 2026-12-01 both ranks aborted so in 2 of 12 runs, and the Python stacks of every thread
     # (below) held no Python frame in either rank: the abort is after the worker's code, in the
     # interpreter's exit, not in the collectives or the shutdown. So the worker leaves through
     # os._exit once its file is written; the trainer's own exit under torchrun is the slow
