@@ -481,8 +481,8 @@ def unsettled(records: Path, args) -> list[tuple[str, str, int]]:
 def queue(records: Path, args) -> list[tuple[str, str, int, int | None]]:
     """Every (row, start, seed, steps) to run, in order (``steps`` None: the protocol's): the
     reruns of unsettled runs first (the table waits on them), then the runs asked for, then with
-    ``--also-steps`` the runs asked for again at that length, settled or not, so that a row is
-    read at the length of the rule's reruns it is ranked against (equal-length pairing)."""
+    ``--also-steps`` the runs asked for again at that length, settled or not (companions), so
+    that a row pairs at equal length with the rule's reruns it is ranked against."""
     todo = [(*r, args.settle_steps) for r in unsettled(records, args)]
     todo += [(*r, None) for r in plan(args)]
     n = args.also_steps
@@ -632,7 +632,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--also-steps", type=int, default=None,
         help="run the asked rows and seeds with this many steps as well, settled or not "
-        "(record seed<k>-s<N>.json): a row read at the length of the reruns it is ranked against",
+        "(record seed<k>-s<N>.json, a companion): paired only with rows read at that length "
+        "(their rule's reruns), never in place of the settled run",
     )  # fmt: skip
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -669,8 +670,11 @@ def main(argv: list[str] | None = None) -> None:
     text += "\nTargets (runs of equal length):\n\n" + "\n".join(lines) + "\n"
     if mixed_lengths(summary):
         lines = [f"- {name}: {verdict}" for start in args.starts for name, verdict in
-                 targets(summary, start, "longest")]  # fmt: skip
-        text += "\nTargets (each seed's longest runs, the settled reading):\n\n"
+                 targets(summary, start, "settled")]  # fmt: skip
+        text += (
+            "\nTargets (the settled reading: each seed's settled runs, at equal length where "
+            "both rows have a run of the longer's length):\n\n"
+        )
         text += "\n".join(lines) + "\n"
     for start in args.starts:
         ranked = dev_table(summary, start)
@@ -688,7 +692,7 @@ def main(argv: list[str] | None = None) -> None:
         text += "\nThe STS average against the negatives' mean cosine: hardness.png.\n"
     if plot_differences(summary, out / "differences.png"):
         text += (
-            "\nEach row's paired difference to SimCSE (each seed's longest runs: mean, 95% "
+            "\nEach row's paired difference to SimCSE (the settled reading: mean, 95% "
             "interval, every seed): differences.png.\n"
         )
     # One curve per seed at the protocol's length (reruns with more steps are not averaged in).

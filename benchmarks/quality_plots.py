@@ -88,7 +88,7 @@ def plot_differences(
     summary: list[dict[str, Any]], path: Path, baseline: str = "simcse"
 ) -> list[tuple[str, str, float, tuple[float, float] | None, list[float]]]:
     """The table's result as a figure: each row's paired difference of the STS average to
-    ``baseline`` (each seed's longest runs, the settled reading), its mean, 95% interval (t over
+    ``baseline`` (the settled reading), its mean, 95% interval (t over
     seeds; none for one seed) and every seed's difference, one panel per start (DenoSent's prompt
     beside [CLS]), rows in ``ROWS`` order. Returns ``(row, start, mean, interval, per seed)``;
     nothing is drawn when no row has a paired seed."""
@@ -98,10 +98,10 @@ def plot_differences(
     import matplotlib.pyplot as plt
 
     entries = [
-        (s["row"], s["start"], s["diff_longest"]["mean"], s["diff_longest"]["ci95"],
-         list(s["diff_longest"]["per_seed"]))
+        (s["row"], s["start"], s["diff_settled"]["mean"], s["diff_settled"]["ci95"],
+         list(s["diff_settled"]["per_seed"]))
         for s in summary
-        if s["row"] != baseline and s["diff_longest"]["per_seed"]
+        if s["row"] != baseline and s["diff_settled"]["per_seed"]
     ]  # fmt: skip
     if not entries:
         return []

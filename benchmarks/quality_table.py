@@ -44,14 +44,15 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
     (DenoSent's ``mask``: the [CLS] one), seed by seed (only seeds both have), mean and sd.
 
     A (row, start, seed) may have several runs of different lengths (an unsettled run and its
-    rerun with ``--settle-steps``): the row's figures take the longest, and its difference to the
-    baseline pairs runs of equal length only (a seed whose baseline has no run of that length is
-    left out of the difference and listed in ``unpaired``); ``diff_longest`` pairs each seed's
-    longest runs (the settled reading), its ``mixed`` seeds those of unequal lengths."""
+    rerun with ``--settle-steps``; a settled run and its companion with ``--also-steps``): the
+    row's figures take the seed's settled run (:func:`settled_length`), and its difference to
+    the baseline pairs runs of equal length only (a seed whose baseline has no run of that
+    length is left out of the difference and listed in ``unpaired``); ``diff_settled`` is the
+    settled reading (:func:`_per_seed`), its ``mixed`` seeds those paired at unequal lengths."""
     runs: dict[tuple[str, str], dict[int, dict[int, dict]]] = {}
     for r in records:
         runs.setdefault((r["row"], r["start"]), {}).setdefault(int(r["seed"]), {})[r["steps"]] = r
-    groups = {key: {seed: by_steps[max(by_steps)] for seed, by_steps in seeds.items()}
+    groups = {key: {seed: by_steps[settled_length(by_steps)] for seed, by_steps in seeds.items()}
               for key, seeds in runs.items()}  # fmt: skip
     order = {name: i for i, name in enumerate(ROWS)}
     out = []
@@ -71,16 +72,16 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         # Every run's average by seed and length: what rows are paired on.
         avgs = {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds}
         devs = {s: by_seed[s]["best_dev"] for s in seeds if by_seed[s].get("best_dev") is not None}
+        dev_runs = {s: {n: r["best_dev"] for n, r in runs[row, start][s].items()
+                        if r.get("best_dev") is not None} for s in devs}  # fmt: skip
+        reads = {s: by_seed[s]["steps"] for s in seeds}
         base_avgs = {s: {n: r["avg"] for n, r in by_n.items()} for s, by_n in base_runs.items()}
-        # The settled reading: each seed's longest run against the baseline's longest run of
-        # the same seed, whatever their lengths (a settled 500-step run against an unsettled
-        # baseline's 1,000-step rerun); ``mixed`` names the seeds whose lengths differ.
-        longest = _per_seed(avgs, base_avgs, "longest")
-        shortest = {s: runs[row, start][s][min(runs[row, start][s])] for s in seeds}
-        rerun = [
-            s for s in seeds
-            if by_seed[s]["steps"] > by_seed[s].get("settings", {}).get("steps", by_seed[s]["steps"])
-        ]  # fmt: skip
+        base_reads = {s: settled_length(by_n) for s, by_n in base_runs.items()}
+        # The settled reading (a settled 500-step run against an unsettled baseline's 1,000-step
+        # rerun; a companion only against a row read at its length); ``mixed``: unequal lengths.
+        settled, mixed = _per_seed(avgs, base_avgs, "settled", reads, base_reads, lengths_out=True)
+        rerun = [s for s in seeds if by_seed[s]["steps"] > min(runs[row, start][s])]
+        longer = [s for s in seeds if max(runs[row, start][s]) > by_seed[s]["steps"]]
         out.append(
             {
                 "row": row,
@@ -96,27 +97,29 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                     "sd": sd_d,
                     "ci95": interval(diffs),
                 },  # fmt: skip
-                "diff_longest": {
-                    "seeds": list(longest),
-                    "mixed": [s for s in longest if max(avgs[s]) != max(base_avgs[s])],
-                    **_spread(list(longest.values())),
+                "diff_settled": {
+                    "seeds": list(settled),
+                    "mixed": mixed,
+                    **_spread(list(settled.values())),
                 },
                 "runs": avgs,
+                # Each seed's settled length, and its kept dev score at every length it has.
+                "reads": reads,
+                "dev_runs": dev_runs,
                 "best_step": _mean_sd([by_seed[s]["best_step"] for s in seeds])[0],
                 # The dev score the run kept (mean over seeds): what a default is chosen by.
                 "best_dev": _mean_sd(list(devs.values())),
-                # Each seed's kept dev score (its longest run): what rows are paired on by dev.
+                # Each seed's kept dev score (its settled run): what a row's dev mean averages.
                 "devs": devs,
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
-                # Each seed's kept step and its run's length (the longest run).
+                # Each seed's kept step and its run's length (the settled run).
                 "best_steps": {s: (by_seed[s]["best_step"], by_seed[s]["steps"]) for s in seeds},
                 # Seeds whose run was rerun with more steps, and with how many: because its
-                # best dev step was late (``settled``), or only to pair at equal length with
-                # another row's rerun of that seed, its own run having settled (``companion``).
-                "settled": {s: by_seed[s]["steps"] for s in rerun if unsettled_run(shortest[s])},
-                "companion": {
-                    s: by_seed[s]["steps"] for s in rerun if not unsettled_run(shortest[s])
-                },
+                # best dev step was late (``settled``: the length the row is read at), or only
+                # to pair at equal length with another row's run of that length, its own run
+                # having settled (``companion``: paired at that length, never the row's figures).
+                "settled": {s: by_seed[s]["steps"] for s in rerun},
+                "companion": {s: max(runs[row, start][s]) for s in longer},
                 "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
             }
         )
@@ -129,18 +132,35 @@ def unsettled_run(run: dict[str, Any]) -> bool:
     return run["best_step"] > 0.8 * run["steps"]
 
 
-def _per_seed(a: dict[int, dict[int, float]], b: dict[int, dict[int, float]], lengths: str):
+def settled_length(by_steps: dict[int, dict[str, Any]]) -> int:
+    """The length a seed's runs ({steps: record}) are read at: the shortest that settled (the
+    rule reruns a run only while it has not, each time longer), else the longest. A longer run
+    of a settled seed is a companion (``--also-steps``), made to pair at equal length with a
+    row read at that length: it never stands in for the settled run against another row."""
+    return next((n for n in sorted(by_steps) if not unsettled_run(by_steps[n])), max(by_steps))
+
+
+def _per_seed(a, b, lengths: str, a_reads=None, b_reads=None, *, lengths_out: bool = False):
     """``a``'s average minus ``b``'s ({seed: {steps: avg}}) on the seeds both have, by seed.
     ``lengths``: ``equal`` pairs runs of the same length (the longest both have; a seed without
-    one is left out), ``longest`` each seed's longest runs whatever their lengths."""
+    one is left out); ``settled``, the settled reading, each seed's settled runs (``a_reads``,
+    ``b_reads``: {seed: length}, as :func:`settled_length`), at the longer of the two lengths
+    where both rows have a run of it (a companion's use), else each at its own length.
+    ``lengths_out``: also return the seeds paired at unequal lengths."""
     out: dict[int, float] = {}
+    mixed: list[int] = []
     for seed in sorted(set(a) & set(b)):
         ra, rb = a[seed], b[seed]
-        if lengths == "longest":
-            out[seed] = ra[max(ra)] - rb[max(rb)]
+        if lengths == "settled":
+            la, lb = a_reads[seed], b_reads[seed]
+            n = max(la, lb)
+            la, lb = (n, n) if n in ra and n in rb else (la, lb)
+            out[seed] = ra[la] - rb[lb]
+            if la != lb:
+                mixed.append(seed)
         elif common := set(ra) & set(rb):
             out[seed] = ra[max(common)] - rb[max(common)]
-    return out
+    return (out, mixed) if lengths_out else out
 
 
 def _spread(diffs: list[float]) -> dict[str, Any]:
@@ -150,16 +170,16 @@ def _spread(diffs: list[float]) -> dict[str, Any]:
 
 
 def mixed_lengths(summary: list[dict[str, Any]]) -> bool:
-    """Whether some row's longest run of a seed differs in length from the baseline's (the
-    table then reads the differences both ways)."""
-    return any(s["diff_longest"]["mixed"] for s in summary)
+    """Whether some row's settled run of a seed is paired with a baseline run of another length
+    (the table then reads the differences both ways)."""
+    return any(s["diff_settled"]["mixed"] for s in summary)
 
 
 def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
     """Row ``a``'s average minus row ``b``'s, seed by seed on the seeds both have (see
-    :func:`_per_seed` for ``lengths``: ``equal`` or ``longest``, the settled reading): the
+    :func:`_per_seed` for ``lengths``: ``equal`` or ``settled``, the settled reading): the
     differences, their number, mean, sd and 95% interval (t over seeds)."""
-    diffs = list(_per_seed(a["runs"], b["runs"], lengths).values())
+    diffs = list(_per_seed(a["runs"], b["runs"], lengths, a["reads"], b["reads"]).values())
     return {"n": len(diffs), **_spread(diffs)}
 
 
@@ -185,7 +205,7 @@ def targets(
     (paired over the seeds both rows have, with the 95% interval); a target whose rows are
     missing says "not run". The peer's side is its best setting by dev; the combined recipe's
     is the best other row by test mean (the hardest comparison, not a choice of default).
-    ``lengths``: as :func:`paired` (runs of equal length, or each seed's longest runs)."""
+    ``lengths``: as :func:`paired` (runs of equal length, or the settled reading)."""
     # DenoSent (start "mask") belongs to the [CLS] table.
     starts = (start, "mask") if start == "cls" else (start,)
     by_row = {s["row"]: s for s in summary if s["start"] in starts}
@@ -231,13 +251,14 @@ def targets(
 
 
 def dev_versus_default(row: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
-    """``row``'s kept dev score minus the default's, seed by seed on the seeds both have (each
-    seed's longest run, the settled reading), with mean, sd and 95% interval, and the rule's
+    """``row``'s kept dev score minus the default's, seed by seed on the seeds both have (the
+    settled reading, as :func:`_per_seed`), with mean, sd and 95% interval, and the rule's
     verdict: ``replaces`` only when the interval is above 0 (docs/quality.md, "Choosing
     defaults on dev"); one seed, or an interval reaching 0, leaves the default in place."""
-    seeds = sorted(set(row["devs"]) & set(default["devs"]))
-    d = _spread([row["devs"][s] - default["devs"][s] for s in seeds])
-    d["n"] = len(seeds)
+    diffs = _per_seed(row["dev_runs"], default["dev_runs"], "settled", row["reads"],
+                      default["reads"])  # fmt: skip
+    d = _spread(list(diffs.values()))
+    d["n"] = len(diffs)
     d["replaces"] = d["ci95"] is not None and d["ci95"][0] > 0
     return d
 
@@ -247,9 +268,9 @@ def dev_table(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
     a default is chosen by, as markdown table lines, best first (none when no row has a dev
     score). Each row: its seeds, dev mean ± sd, its paired dev difference to the default
     (``DEFAULT_ROW``) with the rule's verdict (:func:`dev_versus_default`), test mean ± sd, its
-    paired test difference to the peer's best setting by dev, and the seeds whose longest run
-    has not settled (best step / steps). Differences pair each seed's longest runs (the settled
-    reading) over the seeds both rows have; one seed gives the difference alone, no interval."""
+    paired test difference to the peer's best setting by dev, and the seeds that have not
+    settled (best step / steps of the run read). Differences are the settled reading (:func:`_per_seed`)
+    over the seeds both rows have; one seed gives the difference alone, no interval."""
     rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
     rows = [s for s in rows if s["best_dev"][0] is not None]
     if not rows:
@@ -275,7 +296,7 @@ def dev_table(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
                 verdict = "replaces the default" if d["replaces"] else "not separated"
         test = ""
         if peer is not None and s["row"] != peer:
-            d = paired(s, by_row[peer], "longest")
+            d = paired(s, by_row[peer], "settled")
             test = "" if d["mean"] is None else _pm(d["mean"], None, signed=True) + _ci(d["ci95"])
         late = ", ".join(f"{seed} ({s['best_steps'][seed][0]}/{s['best_steps'][seed][1]})"
                          for seed in s["late_best"])  # fmt: skip
@@ -296,10 +317,10 @@ def markdown(
     summary: list[dict[str, Any]], untrained: dict[str, dict], settings: dict[str, Any]
 ) -> str:
     """The docs-ready table: untrained starts, then every (row, start)."""
-    # Where a seed's longest runs differ in length from the baseline's, a second Δ reads them.
+    # Where a seed's settled run is paired with a baseline run of another length, a second Δ.
     mixed = mixed_lengths(summary)
     head = ["row", "start", "seeds", *(LABELS[t] for t in TASKS), "Avg.", "Δ vs SimCSE (paired)"]
-    head += ["Δ, longest runs"] if mixed else []
+    head += ["Δ, settled runs"] if mixed else []
     head += ["dev", "best step", "train s"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (len(head) - 3)]
     for start, scores in untrained.items():
@@ -313,7 +334,7 @@ def markdown(
         cells = [label, s["start"], str(len(s["seeds"]))]
         cells += [_pm(s["tasks"][t][0], None) for t in TASKS]
         cells += [f"**{_pm(*s['avg'])}**" if s["avg"][0] is not None else ""]
-        diffs = [d, s["diff_longest"]] if mixed else [d]
+        diffs = [d, s["diff_settled"]] if mixed else [d]
         for dd in diffs:  # Δ is signed: a reader must not take 0.14 for an average
             delta = _pm(dd["mean"], dd["sd"], signed=True) + _ci(dd["ci95"])
             cells += ["" if s["row"] == "simcse" else delta]
@@ -340,9 +361,9 @@ def markdown(
               if s.get("companion")]  # fmt: skip
     if beside:
         note += (
-            "\n\nRerun with more steps beside another row's rerun of the same seed, to pair at "
-            "equal length (their own run had settled; the table reads the longer run): "
-            + "; ".join(beside)
+            "\n\nRun with more steps beside another row's run of that length, to pair at equal "
+            "length (their own run had settled: the row's figures keep it; the longer run is "
+            "paired only with a row read at its length): " + "; ".join(beside)
         )
     unpaired = [f"{s['row']}/{s['start']} seeds {s['diff']['unpaired']}" for s in summary
                 if s["diff"].get("unpaired")]  # fmt: skip
@@ -353,13 +374,14 @@ def markdown(
         )
     if mixed:
         note += (
-            "\n\nΔ, longest runs: each seed's longest run against SimCSE's longest run of the "
-            "same seed, whatever their lengths (a rerun has its own schedule: the linear decay "
-            "over its steps); seeds of unequal lengths: "
+            "\n\nΔ, settled runs: each seed's settled run against SimCSE's settled run of the "
+            "same seed, at the longer of their lengths where both have a run of it, else "
+            "whatever their lengths (a rerun has its own schedule: the linear decay over its "
+            "steps); seeds of unequal lengths: "
             + "; ".join(
-                f"{s['row']}/{s['start']} {s['diff_longest']['mixed']}"
+                f"{s['row']}/{s['start']} {s['diff_settled']['mixed']}"
                 for s in summary
-                if s["diff_longest"]["mixed"]
+                if s["diff_settled"]["mixed"]
             )
         )
     late = [f"{s['row']}/{s['start']} seeds {s['late_best']}" for s in summary if s["late_best"]]

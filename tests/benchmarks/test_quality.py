@@ -495,7 +495,7 @@ def test_a_companion_rerun_is_told_apart_from_an_unsettled_one():
     assert (by["peer"]["settled"], by["peer"]["companion"]) == ({2: 1000}, {})
     text = table.markdown(summary, {}, {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25,
                                         "dev_pairs": None, "test_pairs": None})  # fmt: skip
-    late, _, beside = text.partition("Rerun with more steps beside another row's rerun")
+    late, _, beside = text.partition("Run with more steps beside another row's run")
     assert "simcse/cls seeds {1: 1000}; peer/cls seeds {2: 1000}" in late
     assert "simcse/cls seeds {2: 1000}" in beside and "peer/cls" not in beside
 
@@ -503,7 +503,7 @@ def test_a_companion_rerun_is_told_apart_from_an_unsettled_one():
 def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp_path, capsys):
     """A recorded run whose best dev step is in the last 20% is queued again with
     ``--settle-steps``, with SimCSE's run of the same seed at that length (once each: not when
-    recorded). The table takes a row's longest run and pairs it with SimCSE's run of the same
+    recorded). The table takes a row's settled run and pairs it with SimCSE's run of the same
     length only; a seed without one is left out of the difference and listed."""
     runs, records = tmp_path / "runs", tmp_path / "records"
 
@@ -534,7 +534,7 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
         ("simcse", 1, 500), ("simcse", 1, 1000), ("simcse", 2, 500),
     ]  # fmt: skip
     summary = {s["row"]: s for s in table.summarize(loaded)}
-    assert summary["simcse"]["avg"][0] == pytest.approx((75.8 + 76.0) / 2)  # the longest runs
+    assert summary["simcse"]["avg"][0] == pytest.approx((75.8 + 76.0) / 2)  # the settled runs
     assert summary["simcse"]["settled"] == {1: 1000} and summary["simcse"]["late_best"] == []
     peer = summary["peer"]
     assert peer["settled"] == {1: 1000} and peer["late_best"] == [2]
@@ -547,32 +547,33 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
                             "eval_every": 25, "dev_pairs": None, "test_pairs": None})  # fmt: skip
     assert "Rerun with more steps" in text and "peer/cls seeds {1: 1000}" in text
     assert "debcse/cls seeds [2]" in text  # unpaired: said under the table
-    # The settled reading pairs each seed's longest runs, whatever their lengths: DebCSE's seed
-    # 1 (500 steps) against SimCSE's seed 1 at 1000, its seed 2 (1000) against SimCSE's 500.
-    longest = summary["debcse"]["diff_longest"]
-    assert longest["seeds"] == [1, 2] and longest["mixed"] == [1, 2]
-    assert longest["per_seed"] == pytest.approx([77.5 - 75.8, 77.0 - 76.0])
-    assert summary["peer"]["diff_longest"]["mixed"] == []  # equal lengths on both seeds
-    assert summary["peer"]["diff_longest"]["per_seed"] == peer["diff"]["per_seed"]
+    # The settled reading pairs each seed's settled runs, whatever their lengths where neither
+    # row has a run of the other's: DebCSE's seed 1 (500 steps) against SimCSE's seed 1 at
+    # 1000, its seed 2 (1000) against SimCSE's 500.
+    settled = summary["debcse"]["diff_settled"]
+    assert settled["seeds"] == [1, 2] and settled["mixed"] == [1, 2]
+    assert settled["per_seed"] == pytest.approx([77.5 - 75.8, 77.0 - 76.0])
+    assert summary["peer"]["diff_settled"]["mixed"] == []  # equal lengths on both seeds
+    assert summary["peer"]["diff_settled"]["per_seed"] == peer["diff"]["per_seed"]
     head = text.splitlines()[0].split(" | ")
     debcse = next(line for line in text.splitlines() if line.startswith("| DebCSE")).split(" | ")
     assert debcse[head.index("Δ vs SimCSE (paired)")] == "+2.50"  # seed 1 only, at 500 steps
-    assert debcse[head.index("Δ, longest runs")] == "+1.35 ± 0.49 [-3.10, +5.80]"
+    assert debcse[head.index("Δ, settled runs")] == "+1.35 ± 0.49 [-3.10, +5.80]"
     assert "seeds of unequal lengths: debcse/cls [1, 2]" in text
     # Two rows paired with each other, not through the baseline: at equal lengths only the
-    # seeds where both have a run of the same length (the longest such), at the longest runs
+    # seeds where both have a run of the same length (the longest such), in the settled reading
     # every seed both have.
     keep("combined", 1, 78.0)
     keep("combined", 2, 77.8)
     both = {s["row"]: s for s in table.summarize(quality.load_records(runs, records))}
     equal = table.paired(both["combined"], both["debcse"])
     assert (equal["n"], equal["per_seed"]) == (1, pytest.approx([0.5]))  # seed 2: 500 vs 1000
-    settled = table.paired(both["combined"], both["debcse"], "longest")
+    settled = table.paired(both["combined"], both["debcse"], "settled")
     assert settled["per_seed"] == pytest.approx([0.5, 0.8])
     assert table.paired(both["debcse"], both["simcse"])["per_seed"] == pytest.approx([2.5])
     target = "DebCSE >= SimCSE + 1.0 (cls)"
     assert dict(table.targets(list(summary.values())))[target] == "met: +2.50 over 1 seed"
-    assert dict(table.targets(list(summary.values()), "cls", "longest"))[target] == (
+    assert dict(table.targets(list(summary.values()), "cls", "settled"))[target] == (
         "met: +1.35 [-3.10, +5.80] over 2 seeds"
     )
     # A rerun is its own folder and record: a recorded one is skipped like any run.
@@ -580,10 +581,50 @@ def test_unsettled_runs_are_rerun_with_more_steps_and_paired_at_equal_length(tmp
     assert "simcse / cls / seed 1 (1000 steps): done before, kept" in capsys.readouterr().out
 
 
+def test_a_companion_pairs_only_with_a_row_read_at_its_length():
+    """A settled run's companion (``--also-steps``) is paired with a row whose settle rerun has
+    its length, and never stands in for the settled run: not in the row's figures, not against
+    a row read at the protocol's length (the default's 1,000-step companion against the peer's
+    settled 500-step run would give it a longer schedule than its rival), on test and dev."""
+
+    def run(row, seed, avg, best, steps=500, dev=None):
+        r = {**record(row, seed, avg, best=best), "steps": steps, "settings": {"steps": 500}}
+        return {**r, "best_dev": 80.0 if dev is None else dev}
+
+    summary = table.summarize([
+        run("simcse", 1, 76.0, 100), run("simcse", 2, 76.0, 100),
+        run("ipw_calibrated", 1, 77.0, 200, dev=80.5),  # settled at 500
+        run("ipw_calibrated", 1, 78.0, 500, steps=1000, dev=81.0),  # its companion
+        run("ipw_calibrated", 2, 77.2, 200, dev=80.4),  # no companion on seed 2
+        run("peer", 1, 76.8, 100, dev=80.2), run("peer", 2, 76.9, 100, dev=80.1),
+        run("uniform", 1, 77.1, 475, dev=80.6),  # late at 500: its settle rerun below
+        run("uniform", 1, 77.9, 600, steps=1000, dev=81.3),
+        run("uniform", 2, 77.0, 100, dev=80.3),
+    ])  # fmt: skip
+    by = {s["row"]: s for s in summary}
+    default = by["ipw_calibrated"]
+    assert default["reads"] == {1: 500, 2: 500} and default["companion"] == {1: 1000}
+    assert default["settled"] == {} and by["uniform"]["settled"] == {1: 1000}
+    assert default["avg"][0] == pytest.approx(77.1)  # the settled runs: 77.0 and 77.2
+    assert default["best_dev"][0] == pytest.approx(80.45)
+    # Against the peer (read at 500 on both seeds): the settled runs, not the companion.
+    assert table.paired(default, by["peer"], "settled")["per_seed"] == pytest.approx([0.2, 0.3])
+    # Against `uniform`, read at 1000 on seed 1: the companion, at equal length; seed 2 at 500.
+    versus = table.paired(by["uniform"], default, "settled")
+    assert versus["per_seed"] == pytest.approx([77.9 - 78.0, 77.0 - 77.2])
+    dev = table.dev_versus_default(by["uniform"], default)
+    assert dev["per_seed"] == pytest.approx([81.3 - 81.0, 80.3 - 80.4])
+    assert table.dev_versus_default(by["peer"], default)["per_seed"] == pytest.approx([-0.3, -0.3])
+    # Against SimCSE (500 on both seeds): the settled runs, equal lengths, none mixed.
+    assert default["diff_settled"]["per_seed"] == pytest.approx([1.0, 1.2])
+    assert default["diff_settled"]["mixed"] == []
+    assert not table.mixed_lengths([by["simcse"], default, by["peer"]])
+
+
 def test_also_steps_runs_settled_runs_at_the_reruns_length_after_the_asked_ones(tmp_path):
     """``--also-steps`` queues the asked rows and seeds again at that length, settled or not,
     after the settle reruns and the protocol's runs, without queuing a rerun twice; the table
-    reads such a run as the seed's longest, a companion (its own run had settled)."""
+    tells such a run apart, a companion (its own run had settled)."""
     records = tmp_path / "records"
 
     def keep(row, seed, best, steps=None):
