@@ -112,6 +112,17 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 # Each seed's kept dev score (its settled run): what a row's dev mean averages.
                 "devs": devs,
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
+                # Seeds with a companion whose own best dev step is late: still paired at its
+                # length (the rule reruns settled runs' rivals, not their companions), said.
+                "late_companion": [
+                    s
+                    for s in longer
+                    if any(
+                        unsettled_run(r)
+                        for n, r in runs[row, start][s].items()
+                        if n > by_seed[s]["steps"]
+                    )
+                ],
                 # Each seed's kept step and its run's length (the settled run).
                 "best_steps": {s: (by_seed[s]["best_step"], by_seed[s]["steps"]) for s in seeds},
                 # Seeds whose run was rerun with more steps, and with how many: because its
@@ -170,9 +181,13 @@ def _spread(diffs: list[float]) -> dict[str, Any]:
 
 
 def mixed_lengths(summary: list[dict[str, Any]]) -> bool:
-    """Whether some row's settled run of a seed is paired with a baseline run of another length
-    (the table then reads the differences both ways)."""
-    return any(s["diff_settled"]["mixed"] for s in summary)
+    """Whether the settled reading differs from the equal-length Δ for some row: a settled run
+    of a seed paired with a baseline run of another length, or a companion paired at its length
+    where Δ pairs the settled run (the table then reads the differences both ways)."""
+    return any(
+        s["diff_settled"]["mixed"] or s["diff_settled"]["per_seed"] != s["diff"]["per_seed"]
+        for s in summary
+    )
 
 
 def paired(a: dict[str, Any], b: dict[str, Any], lengths: str = "equal") -> dict[str, Any]:
@@ -389,5 +404,12 @@ def markdown(
         note += (
             "\n\nBest dev step in the last 20% of the steps (the curve may not have settled; "
             "rerun with more --steps): " + "; ".join(late)
+        )
+    late = [f"{s['row']}/{s['start']} seeds {s['late_companion']}" for s in summary
+            if s.get("late_companion")]  # fmt: skip
+    if late:
+        note += (
+            "\n\nCompanions whose best dev step is in the last 20% of their steps (paired at "
+            "their length all the same; the pair may not have settled): " + "; ".join(late)
         )
     return "\n".join(lines) + "\n\n" + note + "\n"

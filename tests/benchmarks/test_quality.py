@@ -621,6 +621,45 @@ def test_a_companion_pairs_only_with_a_row_read_at_its_length():
     assert not table.mixed_lengths([by["simcse"], default, by["peer"]])
 
 
+def test_a_companion_meets_a_baseline_rerun_at_its_length_and_a_late_one_is_said():
+    """The default's companion meets SimCSE's settle rerun of its length in the settled reading
+    (Δ keeps the default's settled run, against SimCSE's run of that length), the table then
+    shows both readings even with no seed paired at unequal lengths, and a companion that did
+    not settle itself is said under the table. A seed rerun to settle and run longer still is
+    read at its rerun, the longest run its companion."""
+
+    def run(row, seed, avg, best, steps=500):
+        r = {**record(row, seed, avg, best=best), "steps": steps, "settings": {"steps": 500}}
+        return {**r, "best_dev": 80.0}
+
+    summary = table.summarize([
+        run("simcse", 1, 76.0, 475), run("simcse", 1, 76.5, 600, steps=1000),  # late, rerun
+        run("ipw_calibrated", 1, 77.0, 200),  # settled at 500
+        run("ipw_calibrated", 1, 77.8, 950, steps=1000),  # its companion, late itself
+        run("uniform", 1, 77.1, 490), run("uniform", 1, 77.4, 500, steps=1000),  # rerun
+        run("uniform", 1, 77.6, 900, steps=2000),  # beside a rerun of 2,000 elsewhere
+    ])  # fmt: skip
+    by = {s["row"]: s for s in summary}
+    default, uniform = by["ipw_calibrated"], by["uniform"]
+    assert default["diff"]["per_seed"] == pytest.approx([1.0])  # 500 against SimCSE's 500
+    assert default["diff_settled"]["per_seed"] == pytest.approx([77.8 - 76.5])  # at 1,000
+    assert default["diff_settled"]["mixed"] == [] and table.mixed_lengths([by["simcse"], default])
+    assert default["late_companion"] == [1] and default["late_best"] == []
+    assert (uniform["reads"], uniform["settled"], uniform["companion"]) == (
+        {1: 1000}, {1: 1000}, {1: 2000},
+    )  # fmt: skip
+    assert uniform["avg"][0] == pytest.approx(77.4) and uniform["late_companion"] == []
+    assert uniform["diff_settled"]["per_seed"] == pytest.approx([77.4 - 76.5])
+    text = table.markdown(summary, {}, {"steps": 500, "batch": 64, "lr": 3e-5, "eval_every": 25,
+                                        "dev_pairs": None, "test_pairs": None})  # fmt: skip
+    head = text.splitlines()[0].split(" | ")
+    line = next(x for x in text.splitlines() if x.startswith("| + negatives by IPW, calibrated |"))
+    assert line.split(" | ")[head.index("Δ, settled runs")] == "+1.30"
+    assert "uniform/cls seeds {1: 2000}; ipw_calibrated/cls seeds {1: 1000}" in text
+    assert "Companions whose best dev step is in the last 20%" in text
+    assert "not have settled): ipw_calibrated/cls seeds [1]" in text
+
+
 def test_also_steps_runs_settled_runs_at_the_reruns_length_after_the_asked_ones(tmp_path):
     """``--also-steps`` queues the asked rows and seeds again at that length, settled or not,
     after the settle reruns and the protocol's runs, without queuing a rerun twice; the table
