@@ -113,7 +113,7 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "devs": devs,
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
                 # Seeds with a companion whose own best dev step is late: still paired at its
-                # length (the rule reruns settled runs' rivals, not their companions), said.
+                # length (the rule reruns a seed's run only until it settles), and listed.
                 "late_companion": [
                     s
                     for s in longer
