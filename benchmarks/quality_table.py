@@ -70,9 +70,10 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         diffs = [by_seed[s]["avg"] - base_runs[s][by_seed[s]["steps"]]["avg"] for s in paired]
         mean_d, sd_d = _mean_sd(diffs)
         # Every run's average by seed and length: what rows are paired on.
-        avgs = {s: {n: r["avg"] for n, r in runs[row, start][s].items()} for s in seeds}
+        lengths = runs[row, start]  # {seed: {steps: record}}
+        avgs = {s: {n: r["avg"] for n, r in lengths[s].items()} for s in seeds}
         devs = {s: by_seed[s]["best_dev"] for s in seeds if by_seed[s].get("best_dev") is not None}
-        dev_runs = {s: {n: r["best_dev"] for n, r in runs[row, start][s].items()
+        dev_runs = {s: {n: r["best_dev"] for n, r in lengths[s].items()
                         if r.get("best_dev") is not None} for s in devs}  # fmt: skip
         reads = {s: by_seed[s]["steps"] for s in seeds}
         base_avgs = {s: {n: r["avg"] for n, r in by_n.items()} for s, by_n in base_runs.items()}
@@ -80,8 +81,8 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
         # The settled reading (a settled 500-step run against an unsettled baseline's 1,000-step
         # rerun; a companion only against a row read at its length); ``mixed``: unequal lengths.
         settled, mixed = _per_seed(avgs, base_avgs, "settled", reads, base_reads, lengths_out=True)
-        rerun = [s for s in seeds if by_seed[s]["steps"] > min(runs[row, start][s])]
-        longer = [s for s in seeds if max(runs[row, start][s]) > by_seed[s]["steps"]]
+        rerun = [s for s in seeds if reads[s] > min(lengths[s])]
+        longer = {s: [r for n, r in lengths[s].items() if n > reads[s]] for s in seeds}
         out.append(
             {
                 "row": row,
@@ -114,23 +115,15 @@ def summarize(records: list[dict[str, Any]], baseline: str = "simcse") -> list[d
                 "late_best": [s for s in seeds if unsettled_run(by_seed[s])],
                 # Seeds with a companion whose own best dev step is late: still paired at its
                 # length (the rule reruns a seed's run only until it settles), and listed.
-                "late_companion": [
-                    s
-                    for s in longer
-                    if any(
-                        unsettled_run(r)
-                        for n, r in runs[row, start][s].items()
-                        if n > by_seed[s]["steps"]
-                    )
-                ],
+                "late_companion": [s for s, rs in longer.items() if any(map(unsettled_run, rs))],
                 # Each seed's kept step and its run's length (the settled run).
                 "best_steps": {s: (by_seed[s]["best_step"], by_seed[s]["steps"]) for s in seeds},
                 # Seeds whose run was rerun with more steps, and with how many: because its
                 # best dev step was late (``settled``: the length the row is read at), or only
                 # to pair at equal length with another row's run of that length, its own run
                 # having settled (``companion``: paired at that length, never the row's figures).
-                "settled": {s: by_seed[s]["steps"] for s in rerun},
-                "companion": {s: max(runs[row, start][s]) for s in longer},
+                "settled": {s: reads[s] for s in rerun},
+                "companion": {s: max(lengths[s]) for s, rs in longer.items() if rs},
                 "train_seconds": _mean_sd([by_seed[s]["train_seconds"] for s in seeds])[0],
             }
         )
@@ -284,8 +277,9 @@ def dev_table(summary: list[dict[str, Any]], start: str = "cls") -> list[str]:
     score). Each row: its seeds, dev mean ± sd, its paired dev difference to the default
     (``DEFAULT_ROW``) with the rule's verdict (:func:`dev_versus_default`), test mean ± sd, its
     paired test difference to the peer's best setting by dev, and the seeds that have not
-    settled (best step / steps of the run read). Differences are the settled reading (:func:`_per_seed`)
-    over the seeds both rows have; one seed gives the difference alone, no interval."""
+    settled (best step / steps of the run read). Differences are the settled reading
+    (:func:`_per_seed`) over the seeds both rows have; one seed gives the difference alone, no
+    interval."""
     rows = [s for s in summary if s["start"] == start and s["row"] in NEGATIVE_ROWS]
     rows = [s for s in rows if s["best_dev"][0] is not None]
     if not rows:

@@ -59,7 +59,8 @@ def _worker(rank: int, world: int, port: int, folder: str) -> None:
     # (below) held no Python frame in either rank: the abort is after the worker's code, in the
     # interpreter's exit, not in the collectives or the shutdown. So the worker leaves through
     # os._exit once its file is written; the trainer's own exit under torchrun is the slow
-    # test's (test_torchrun_with_two_cpu_processes_trains_like_one, below).
+    # test's (test_torchrun_with_two_cpu_processes_trains_like_one, below). Outside pytest the
+    # abort came in 1 of 80 runs (benchmarks/results/checks-2026-12-01-gloo.md).
     faulthandler.enable(all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
