@@ -164,6 +164,7 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
     # The pairs the selected rows train on (a run folder may carry only those, e.g. to a GPU).
     needed = {ROWS[name].pairs for name in args.rows}
     if done and all((pairs[n] / "_manifest.json").exists() for n in needed):
+        record_digests(timing_path, timing, pairs, recompute=False)
         return pairs  # mined once; --remine lets every stage check its inputs and code again
     # A pipeline mined before keeps its stages (a sampler added since is sampled from them).
     for stage in PIPELINE if not done else ():
@@ -199,8 +200,44 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
         t0 = time.perf_counter()
         peer_pairs(folder, pairs["uniform"], pairs[name], args.peer_seed, strategy, margin)
         timing[name] = round(time.perf_counter() - t0, 1)
-    write_json(timing_path, {**timing, "complete": True})
+    timing["complete"] = True
+    record_digests(timing_path, timing, pairs)
     return pairs
+
+
+def record_digests(
+    timing_path: Path, timing: dict[str, Any], pairs: dict[str, Path], recompute: bool = True
+) -> None:
+    """Write ``timing`` with each mined pairs dataset's ``pairs_digest``, so that a mining on
+    another machine can be compared with this one (the same digest, the same pairs). After a
+    mining every digest is computed again; a mining found complete only fills in those missing."""
+    digests = {} if recompute else dict(timing.get("pairs_digests", {}))
+    for name, path in pairs.items():
+        if name not in digests and (path / "_manifest.json").exists():
+            digests[name] = pairs_digest(path)
+    if recompute or digests != timing.get("pairs_digests"):
+        write_json(timing_path, {**timing, "pairs_digests": digests})
+
+
+# The columns that say which texts a row trains on (ids of the anchor, positives, negatives, views).
+DIGEST_COLUMNS = (
+    "id", "positive_ids", "negative_ids", "positive_text_id", "view1_id", "view2_id",
+)  # fmt: skip
+
+
+def pairs_digest(path: Path) -> str:
+    """sha256 of a pairs dataset's choices: its rows' id columns (``DIGEST_COLUMNS``) in id
+    order, as canonical JSON. Equal on two machines when they drew the same anchors, positives,
+    negatives and views, whatever their scores' last bits; the reads are verified."""
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import open_dataset
+
+    table = open_dataset(path, S.PAIRS, verify=True).read_table(list(DIGEST_COLUMNS))
+    rows = sorted(table.to_pylist(), key=lambda row: row["id"])
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps([row[c] for c in DIGEST_COLUMNS]).encode() + b"\n")
+    return digest.hexdigest()
 
 
 def peer_pairs(

@@ -417,6 +417,7 @@ def test_a_finished_mining_needs_only_the_pairs_of_the_rows_asked_for(tmp_path, 
         quality.write_json(out / f"pipeline/data/pairs-{name}/_manifest.json", {})
     called = []
     monkeypatch.setattr(quality, "pairforge", lambda args, cwd, log: called.append(args) or 0.0)
+    monkeypatch.setattr(quality, "pairs_digest", lambda path: path.name)  # no shards here
     args = SimpleNamespace(rows=["simcse", "peer", "debcse"], remine=False, lines=None)
     pairs = quality.mine(args, out)
     assert called == [] and pairs["peer"] == out / "pipeline/data/pairs-peer"
@@ -425,6 +426,55 @@ def test_a_finished_mining_needs_only_the_pairs_of_the_rows_asked_for(tmp_path, 
     samples = [c[c.index("--output") + 1] for c in called if c[0] == "sample"]
     assert "data/pairs-uniform" in samples
     assert "data/pairs-calibrated" not in samples  # finished before: not sampled again
+    digests = json.loads((out / "mining.json").read_text())["pairs_digests"]
+    assert digests == {"calibrated": "pairs-calibrated", "peer": "pairs-peer"}
+
+
+def _write_pairs(path: Path, ids: list[str], negatives: list[list[str]], cos: float, shard: int):
+    """A real pairs dataset (the pipeline's schema, verified reads): every column filled, the
+    anchors' ids and negative ids as given, every float ``cos``, ``shard`` rows a shard."""
+    import pyarrow as pa
+    from pairforge.pipeline.plumbing import schemas as S
+    from pairforge.pipeline.plumbing.shards import DatasetWriter
+
+    def column(field, anchors):
+        if field.name == "id":
+            return anchors
+        if field.name == "negative_ids":
+            return [negatives[ids.index(i)] for i in anchors]
+        t = field.type
+        if pa.types.is_list(t):
+            one = column(pa.field(field.name, t.value_type), anchors)
+            return [[v, v] for v in one]
+        if pa.types.is_string(t):
+            return [f"{field.name}:{i}" for i in anchors]
+        if pa.types.is_floating(t):
+            return [cos] * len(anchors)
+        if pa.types.is_boolean(t):
+            return [False] * len(anchors)
+        return [2] * len(anchors)
+
+    writer = DatasetWriter(path, S.PAIRS, stage="test", params={}, fingerprint=f"t{cos}")
+    chunks = [ids[k : k + shard] for k in range(0, len(ids), shard)]
+    for index, anchors in enumerate(chunks):
+        cols = {f.name: pa.array(column(f, anchors), f.type) for f in S.PAIRS.schema}
+        writer.write(index, pa.table(cols, schema=S.PAIRS.schema))
+    writer.finalize(len(chunks))
+
+
+def test_the_pairs_digest_tells_two_minings_draws_apart_and_not_their_scores(tmp_path):
+    """Two minings that drew the same anchors, positives and negatives have one digest, whatever
+    their scores' last bits, row order or sharding; one negative drawn otherwise changes it."""
+    ids = ["a", "b", "c"]
+    negatives = [["x", "y"], ["y", "z"], ["z", "x"]]
+    _write_pairs(tmp_path / "one", ids, negatives, cos=0.5, shard=3)
+    _write_pairs(tmp_path / "two", ids[::-1], negatives[::-1], cos=0.5000001, shard=2)
+    other = [["x", "y"], ["y", "w"], ["z", "x"]]
+    _write_pairs(tmp_path / "three", ids, other, cos=0.5, shard=3)
+    one = quality.pairs_digest(tmp_path / "one")
+    assert len(one) == 64
+    assert quality.pairs_digest(tmp_path / "two") == one
+    assert quality.pairs_digest(tmp_path / "three") != one
 
 
 def test_dev_curves_are_averaged_over_seeds_and_plotted(tmp_path):
