@@ -136,8 +136,12 @@ def pipeline_params(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         # Equal terms with the peer, which embeds at its model's max_seq_length (MiniLM: 256).
         # The stand-in sittings mined at the profile's 128 and keep it.
         p["embed"]["max_length"] = 256
+    # The draws the committed records trained on: one generator per (seed, shard, anchor batch).
+    # The stage's default since, keyed draws, gives other pairs (the same distribution).
     p["sample"].update(
-        corpus_name="SimCSE wiki1m (first 11,914 lines)", corpus_license="CC-BY-SA-3.0"
+        corpus_name="SimCSE wiki1m (first 11,914 lines)",
+        corpus_license="CC-BY-SA-3.0",
+        draws="stream",
     )
     return p
 

@@ -47,6 +47,7 @@ __all__ = [
     "effective_numbers",
     "Sample",
     "entropy_ratio",
+    "keyed_exponentials",
     "negative_probs",
     "pool_entropy_ratios",
     "positive_probs",
@@ -341,16 +342,60 @@ class PoolSample(NamedTuple):
     short: np.ndarray  # (n_pools,) bool
 
 
-def _as_generator(rng: np.random.Generator | int) -> np.random.Generator:
-    if isinstance(rng, np.random.Generator):
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser over a uint64 array (wrapping arithmetic): a bijection whose
+    output bits each depend on every input bit."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def keyed_exponentials(
+    seed: int, stream: int, anchors: np.ndarray, candidates: np.ndarray
+) -> np.ndarray:
+    """One Exp(1) number per (anchor, candidate) pair, a function of ``(seed, stream, anchor,
+    candidate)`` alone: counter-based, as the keys of :func:`sample_pools`.
+
+    ``anchors`` and ``candidates`` are (N,) integer keys (corpus rows, or 64-bit hashes of a
+    text), ``stream`` tells the draws of one run apart (negatives 0, positives 1). A candidate's
+    number does not depend on its place in the pool, on the other pools, on how anchors are
+    batched or sharded, nor on the machine (integer arithmetic, then one ``log``): two runs whose
+    pools differ in a few anchors draw differently for those anchors only.
+    """
+    a = np.asarray(anchors).astype(np.uint64, copy=False)
+    c = np.asarray(candidates).astype(np.uint64, copy=False)
+    if a.shape != c.shape or a.ndim != 1:
+        raise ValueError(
+            f"anchors and candidates must be 1-D of one length, got {a.shape}, {c.shape}"
+        )
+    seed_, stream_ = np.array([seed, stream], dtype=np.int64).astype(np.uint64)
+    base = _mix64(_mix64(np.array([seed_])) ^ stream_)  # (1,): (seed, stream) in order
+    h = _mix64(_mix64(base ^ a) ^ c)  # (N,) uint64
+    u = ((h >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # (N,) in (0, 1)
+    return -np.log(u)
+
+
+def _exponentials(rng: np.random.Generator | int | np.ndarray, n: int) -> np.ndarray:
+    """``n`` Exp(1) numbers: drawn from a generator (or an int seed), or given (keyed)."""
+    if isinstance(rng, np.ndarray):
+        if rng.shape != (n,) or not np.issubdtype(rng.dtype, np.floating):
+            raise ValueError(f"the given exponentials must be a float array of shape ({n},)")
         return rng
+    if isinstance(rng, np.random.Generator):
+        return rng.exponential(size=n)
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
-        return np.random.default_rng(int(rng))
-    raise TypeError(f"rng must be a numpy Generator or an int seed, got {type(rng).__name__}")
+        return np.random.default_rng(int(rng)).exponential(size=n)
+    raise TypeError(
+        f"rng must be a numpy Generator, an int seed or the Exp(1) draws, got {type(rng).__name__}"
+    )
 
 
 def sample_pools(
-    p: np.ndarray, offsets: np.ndarray, m: int, rng: np.random.Generator | int
+    p: np.ndarray, offsets: np.ndarray, m: int, rng: np.random.Generator | int | np.ndarray
 ) -> PoolSample:
     """Draw up to ``m`` distinct candidates per pool, without replacement, with probability ``p``.
 
@@ -359,15 +404,16 @@ def sample_pools(
     ``log p - log E``, E ~ Exp(1), which is that sequential scheme with all randomness drawn up
     front; the top m are taken by m passes of a per-pool max, linear in the number of candidates.
     ``p`` need not be normalised; zero-weight candidates are never drawn. Deterministic for a given
-    seed and input; empty pools give no draws and ``short=True``.
+    seed and input; empty pools give no draws and ``short=True``. ``rng`` is a generator, an int
+    seed, or the (N,) E themselves (:func:`keyed_exponentials`: each candidate's own number, so a
+    pool's draw depends on that pool alone).
     """
     if not isinstance(m, (int, np.integer)) or m < 1:
         raise ValueError(f"m must be a positive integer, got {m!r}")
     p = _as_probs(p)
     lay = _layout(check_offsets(offsets, p.size))
-    gen = _as_generator(rng)
     with np.errstate(divide="ignore"):
-        keys = np.log(p) - np.log(gen.exponential(size=p.size))  # (N,) -inf where p == 0
+        keys = np.log(p) - np.log(_exponentials(rng, p.size))  # (N,) -inf where p == 0
     passes = []
     for _ in range(min(m, int(np.diff(lay.offsets).max(initial=0)))):
         best = _segment_reduce(np.maximum, keys, lay, -np.inf)  # (n_pools,)

@@ -85,7 +85,7 @@ def score_pools(
     return ScoredPools(offsets, edit, cos, s_sur, s_sem, prob)
 
 
-def draw(scored: ScoredPools, m: int, rng: np.random.Generator) -> PoolSample:
+def draw(scored: ScoredPools, m: int, rng: np.random.Generator | np.ndarray) -> PoolSample:
     """Up to ``m`` candidates per pool, without replacement, with probability P (draw order)."""
     return sample_pools(scored.prob, scored.offsets, m, rng)
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 from pairforge.pipeline.plumbing import schemas as S
 from pairforge.pipeline.plumbing.errors import (
     DataIntegrityError,
@@ -33,6 +34,7 @@ from pairforge.pipeline.science.mining_inputs import (
 )
 from pairforge.pipeline.science.text import match_key
 from pairforge.stages.sample.edits import PairScorer
+from pairforge.stages.sample.ipw import keyed_exponentials
 from pairforge.stages.sample.pairs import draw, gather, pick_route, ragged_list, score_pools
 from pairforge.stages.sample.selection import (
     Selection,
@@ -67,7 +69,8 @@ def sample_shard(
     batch: int = 0,
 ) -> tuple[pa.Table, dict[str, int], float]:
     """One shard (or anchor batch ``batch`` of it) of ``pools`` -> its ``pairs`` rows, counts,
-    and the seconds spent scoring. Draws are seeded by (seed, shard, batch).
+    and the seconds spent scoring. Draws are keyed by (seed, anchor, candidate), or with
+    ``draws: stream`` seeded by (seed, shard, batch).
 
     ``positives`` holds the shard's anchors' candidates sorted by anchor row (``row``,
     ``candidate_id``, ``text``, ``route``, ``noise``, ``identical``, ``cos``, ``edit_index``).
@@ -131,7 +134,7 @@ def _draw_negatives(
 ) -> _Negatives:
     """Narrow each pool by the rank window and the positive-aware ceiling, score what is left
     (edit distance, cosine, P_neg: eqs. 1, 3-4), then draw ``m`` per anchor with the sampler:
-    without replacement, seeded by (seed, shard, batch, 0), or the top ``m``."""
+    without replacement (``_noise``, stream 0), or the top ``m``."""
     pool_rows = pools[S.POOL_ROWS].combine_chunks()
     n_off = pool_rows.offsets.to_numpy().astype(np.int64)
     n_off -= n_off[0]
@@ -164,8 +167,36 @@ def _draw_negatives(
         if cfg.negative_sampler == "simans":
             probs = simans_probs(cos, offsets, s_pos, cfg.simans_a, cfg.simans_b)
             neg = replace(neg, prob=probs)
-        neg_draw = draw(neg, cfg.m, np.random.default_rng([cfg.seed, shard, batch, 0]))
+        anchors = np.repeat(rows, np.diff(offsets))  # (N_kept,) each candidate's anchor row
+        neg_draw = draw(neg, cfg.m, _noise(cfg, shard, batch, 0, anchors, cand_rows))
     return _Negatives(kept, offsets, cand_rows, edit, neg, neg_draw, int(n_off[-1]), sel)
+
+
+def _noise(
+    cfg: SampleConfig,
+    shard: int,
+    batch: int,
+    stream: int,
+    anchors: np.ndarray,
+    candidates: np.ndarray | None,
+) -> np.random.Generator | np.ndarray:
+    """The randomness of one draw (``stream`` 0: negatives, 1: positives). ``keyed``: each
+    candidate's Exp(1) number hashed from (seed, stream, anchor row, candidate key), so an
+    anchor's draw depends on its own pool only; ``stream``: one generator seeded by (seed, shard,
+    anchor batch, stream), whose numbers shift along the batch when any pool before differs."""
+    if cfg.draws == "keyed":
+        return keyed_exponentials(cfg.seed, stream, anchors, candidates)
+    return np.random.default_rng([cfg.seed, shard, batch, stream])
+
+
+def text_keys(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """(n,) uint64: xxh3-64 of each text's UTF-8 bytes, the key of a candidate that has no
+    corpus row (a positive: one per distinct text of its anchor)."""
+    return np.fromiter(
+        (xxhash.xxh3_64_intdigest(t.encode()) for t in texts.to_pylist()),
+        dtype=np.uint64,
+        count=len(texts),
+    )
 
 
 @dataclass(frozen=True)
@@ -198,7 +229,7 @@ def _draw_positives(
     batch: int,
 ) -> _Positives:
     """Score the anchors' distinct candidates (edit distance, cosine, P_pos: eqs. 2, 5-6), then
-    draw ``m_positive`` (default ``m``) per anchor, seeded by (seed, shard, batch, 1)."""
+    draw ``m_positive`` (default ``m``) per anchor (``_noise``, stream 1)."""
     n = len(rows)
     # Identical copies skipped unless kept, then one candidate per distinct text (the first in
     # source order), so that a text two routes both produced is one candidate: scored once,
@@ -217,9 +248,9 @@ def _draw_positives(
     pos = score_pools(
         pos_edit, pos_t[COS].to_numpy(), p_off, "positive", cfg.lambda_p, cfg.temperature, cfg.ipw
     )
-    pos_draw = draw(
-        pos, cfg.m_positive or cfg.m, np.random.default_rng([cfg.seed, shard, batch, 1])
-    )
+    keys = text_keys(pos_t[S.TEXT]) if cfg.draws == "keyed" else None
+    noise = _noise(cfg, shard, batch, 1, rows[local_k], keys)
+    pos_draw = draw(pos, cfg.m_positive or cfg.m, noise)
     return _Positives(
         local, keep, pos_k, local_kk, rep, distinct, pos_t, p_off, pos_edit, pos, pos_draw
     )

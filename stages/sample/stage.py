@@ -9,8 +9,11 @@ Per anchor, score then decide:
    kernels by default, rapidfuzz as the reference and fallback, the same distances), cosine,
    S_sur and S_sem (eqs. 1-2), P_neg (eqs. 3-4, λn) and P_pos (eqs. 5-6, λp), softmax
    ``temperature``.
-2. **Draw** ``m`` negatives and ``m_positive`` positives without replacement from P, seeded per
-   shard (the same input and seed give the same pairs, resumed or not).
+2. **Draw** ``m`` negatives and ``m_positive`` positives without replacement from P. ``draws:
+   keyed`` (the default) gives each candidate a random number hashed from (seed, anchor,
+   candidate), so the same input and seed give the same pairs resumed or not, sharded or batched
+   any way, and pools that differ in a few anchors (another machine's last bits) give pairs that
+   differ in those anchors only; ``draws: stream`` seeds one generator per shard and batch.
 3. Pick the single-view columns: ``positive_text`` (DenoSent, route ``positive_route``),
    ``view1_text`` / ``view2_text`` (BSL, ``view1_route`` / ``view2_route``).
 
@@ -171,9 +174,19 @@ class SampleConfig(StageConfig):
     view1_route: str = Field("en-de-en", description="route of view1_text (BSL)")
     view2_route: str = Field("en-fr-en", description="route of view2_text (BSL)")
     seed: int = Field(0, description="sampling seed")
+    draws: Literal["keyed", "stream"] = Field(
+        "keyed",
+        description="keyed: each candidate's random number hashed from (seed, anchor, candidate), "
+        "so an anchor's draw depends on its own pool alone (not on other anchors, shards, anchor "
+        "batches or pool order); stream: one generator per (seed, shard, anchor batch), the "
+        "earlier scheme, which benchmarks/quality.py keeps for its records (a pool that differs "
+        "shifts every later draw of its batch)",
+    )
     threads: int = Field(-1, description="edit-distance threads (numba or rapidfuzz); -1: all")
     anchor_batch: int = Field(
-        16384, ge=1, description="anchors scored at once (bounds memory; seeds the draws)"
+        16384,
+        ge=1,
+        description="anchors scored at once (bounds memory; with draws: stream, seeds the draws)",
     )
     corpus_name: str = Field("corpus", description="corpus name, for the dataset card")
     corpus_license: str = Field("unknown", description="licence of the corpus text, for the card")
@@ -306,7 +319,7 @@ _STATE_LOCK = threading.Lock()
 
 
 class SampleShard:
-    """The per-shard work of ``sample``: one pools shard (and its index, which seeds the draws)
+    """The per-shard work of ``sample``: one pools shard (and its index, which seeds stream draws)
     -> its ``pairs`` rows and counts, and facts (scoring seconds, backend) for the metrics.
 
     Picklable for Dask: what travels is the config and the run's key; a worker opens the inputs
@@ -390,7 +403,8 @@ def run(
 ) -> dict[str, Any]:
     """Score and sample every anchor, on ``executor`` (default: in this process, one shard
     after another); returns the metrics written to ``cfg.metrics``. The pairs are the same
-    bytes whichever executor computes them: draws are seeded by shard and anchor batch."""
+    bytes whichever executor computes them: draws are keyed by anchor and candidate (or seeded
+    by shard and anchor batch)."""
     with StageRun(STAGE, cfg, executor, progress) as run:
         inputs = _open_inputs(cfg)
         _warn_unfilled_pools(cfg, inputs["pools"])
@@ -570,6 +584,7 @@ def _metrics(
                 "simans_a",
                 "simans_b",
                 "seed",
+                "draws",
             )
         },
         "computed_shards": computed,

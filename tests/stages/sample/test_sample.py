@@ -508,6 +508,28 @@ def test_small_anchor_batches_cover_every_anchor(mined, tmp_path):
     assert metrics["counts"]["anchors"] == 240 and metrics["rows"] == 240
 
 
+def test_keyed_draws_are_the_same_pairs_whatever_the_anchor_batches(mined, sampled, tmp_path):
+    """The default draws are keyed by (seed, anchor, candidate): scoring the anchors 7 at a time
+    writes the same pairs as all at once. Drawn from one generator per batch, they differ."""
+    root, _ = sampled
+    card = dict(corpus_name="test corpus", corpus_license="CC0-1.0")
+    other = copy_project(mined, tmp_path / "keyed")
+    assert run(_cfg(other, anchor_batch=7, **card), progress=False)["params"]["draws"] == "keyed"
+    keyed = open_dataset(root / "data/pairs", S.PAIRS)
+    batched = open_dataset(other / "data/pairs", S.PAIRS)
+    assert [s["sha256"] for s in keyed.manifest["shards"]] == [
+        s["sha256"] for s in batched.manifest["shards"]
+    ]
+    streams = []
+    for batch in (16384, 7):
+        folder = copy_project(mined, tmp_path / f"stream-{batch}")
+        run(_cfg(folder, anchor_batch=batch, draws="stream", **card), progress=False)
+        cols = [S.NEGATIVE_IDS, S.POSITIVE_IDS]
+        streams.append(open_dataset(folder / "data/pairs", S.PAIRS).read_table(cols))
+    assert streams[0][S.NEGATIVE_IDS] != streams[1][S.NEGATIVE_IDS]
+    assert streams[0][S.NEGATIVE_IDS] != keyed.read_table([S.NEGATIVE_IDS])[S.NEGATIVE_IDS]
+
+
 # --- the LLM rewrites as a second positive source ------------------------------------------------
 
 
