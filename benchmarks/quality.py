@@ -192,7 +192,8 @@ def mine(args: argparse.Namespace, out: Path) -> dict[str, Path]:
             continue
         p = "params.yaml" if not POOLS[spec.pools] else f"params-{spec.pools}.yaml"
         seconds = pairforge(
-            ["sample", "--params", p, *spec.options, "--output", f"data/pairs-{sampler}",
+            ["sample", "--params", p, *spec.options, "--draws", "stream",
+             "--output", f"data/pairs-{sampler}",
              "--metrics", f"metrics/sample-{sampler}.json"],
             folder, log,
         )  # fmt: skip

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pairforge.stages.sample.stage import SampleConfig
 
 SPEC = importlib.util.spec_from_file_location(
     "quality_benchmark", Path(__file__).resolve().parents[2] / "benchmarks/quality.py"
@@ -355,6 +356,8 @@ def test_apertium_positives_mine_and_record_apart_from_the_stand_ins(tmp_path, s
     assert params["sample"]["positive_route"] == "en-es-en"
     assert params["ingest"]["root"] == "corpus"  # the 3-line smoke corpus under tmp_path
     assert params["embed"]["max_length"] == 256  # the peer's max_seq_length
+    # The records' draws (one generator per shard and anchor batch), not the stage's default.
+    assert params["sample"]["draws"] == "stream" != SampleConfig.model_fields["draws"].default
     old = quality.pipeline_params(standin, tmp_path)
     assert old["backtranslate"]["engine"] == "ctranslate2" and old["embed"]["max_length"] == 128
     assert {"peer_top", "knn_posaware", "knn_simans"} <= set(rows.ROWS)
