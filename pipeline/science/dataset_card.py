@@ -242,9 +242,19 @@ def _how_mined_section(
    (λn = {params.get("lambda_n")}) or P_pos (λp = {params.get("lambda_p")}),
    {_ipw_words(params)}. `<side>_entropy` = H(P) / log(pool size): 1 is uniform sampling.
 5. **Sampling**: m = {params.get("m")} negatives and {params.get("m_positive") or params.get("m")}
-   positives per anchor without replacement, seed {params.get("seed")}; rows short of negatives:
-   `{params.get("short")}`. {_selection_words(params)}
+   positives per anchor without replacement, seed {params.get("seed")}, {_draws_words(params)};
+   rows short of negatives: `{params.get("short")}`. {_selection_words(params)}
 """
+
+
+def _draws_words(params: dict[str, Any]) -> str:
+    """How the draws' randomness was had (``sample.draws``)."""
+    if params.get("draws", "stream") == "keyed":
+        return (
+            "keyed draws (each candidate's random number hashed from the seed, its anchor and "
+            "itself: an anchor's draw depends on its own pool alone)"
+        )
+    return "one random generator per (seed, shard, anchor batch)"
 
 
 def _selection_words(params: dict[str, Any]) -> str:

@@ -452,6 +452,7 @@ def test_four_readers_and_the_card(sampled):
     assert "CC0-1.0" in card and "test corpus" in card
     flat = " ".join(card.split())
     assert "Negatives drawn by P_neg from every pool candidate" in flat
+    assert "keyed draws (each candidate's random number hashed from the seed" in flat
     made = open_dataset(root / "data/candidates", S.CANDIDATES).manifest
     engine = "stand-in" if made.get("standin") else (made.get("engine") or {}).get("engine")
     # The fixture's candidates name no engine; a stage's name theirs (test_selection.py).
@@ -526,6 +527,8 @@ def test_keyed_draws_are_the_same_pairs_whatever_the_anchor_batches(mined, sampl
         run(_cfg(folder, anchor_batch=batch, draws="stream", **card), progress=False)
         cols = [S.NEGATIVE_IDS, S.POSITIVE_IDS]
         streams.append(open_dataset(folder / "data/pairs", S.PAIRS).read_table(cols))
+        text = " ".join((folder / "data/pairs" / CARD).read_text().split())
+        assert "one random generator per (seed, shard, anchor batch)" in text
     assert streams[0][S.NEGATIVE_IDS] != streams[1][S.NEGATIVE_IDS]
     assert streams[0][S.NEGATIVE_IDS] != keyed.read_table([S.NEGATIVE_IDS])[S.NEGATIVE_IDS]
 
