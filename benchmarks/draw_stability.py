@@ -25,7 +25,6 @@ each variant are printed for the record only. The table goes to stdout and ``--o
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -38,8 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-import xxhash
 import yaml
+from pairforge.pipeline.plumbing.files import file_checksums
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from quality_rows import POOLS  # noqa: E402
@@ -79,12 +78,8 @@ def move_embeddings(folder: Path, kind: str, size: float, seed: int = 1) -> int:
             table = table.set_column(table.schema.get_field_index("vector"), "vector", vectors)
             codec = pq.read_metadata(path).row_group(0).column(0).compression.lower()
             pq.write_table(table.cast(pq.read_schema(path)), path, compression=codec)
-            data = path.read_bytes()
-            entry.update(
-                bytes=len(data),
-                sha256=hashlib.sha256(data).hexdigest(),
-                xxh3_128=xxhash.xxh3_128(data).hexdigest(),
-            )
+            sha256, xxh3_128, nbytes = file_checksums(path)
+            entry.update(bytes=nbytes, sha256=sha256, xxh3_128=xxh3_128)
         (root / "_manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return moved
 
@@ -136,40 +131,32 @@ def read(folder: Path, dataset: str, columns: list[str]) -> pa.Table:
     return ds.dataset(folder / "data" / dataset / "data").to_table(columns=columns).sort_by("id")
 
 
+def _differing(a: list, b: list) -> int:
+    return sum(x != y for x, y in zip(a, b, strict=True))
+
+
 def compare(base: Path, other: Path, pools: list[str]) -> dict[str, dict[str, int]]:
-    """Anchors whose pool changed (as a set, in order) and rows whose draws changed."""
+    """Anchors whose pool changed (as a set, in order, in length) and rows whose draws changed."""
     out: dict[str, dict[str, int]] = {}
     for name in pools:
         a = read(base, f"pools-{name}", ["id", "pool_ids"])["pool_ids"].to_pylist()
         b = read(other, f"pools-{name}", ["id", "pool_ids"])["pool_ids"].to_pylist()
         out[f"pools-{name}"] = {
             "anchors": len(a),
-            "set": sum(set(x) != set(y) for x, y in zip(a, b, strict=True)),
-            "order": sum(x != y for x, y in zip(a, b, strict=True)),
+            "set": _differing([set(x) for x in a], [set(y) for y in b]),
+            "order": _differing(a, b),
+            "length": _differing([len(x) for x in a], [len(y) for y in b]),
         }
         for sampler in SAMPLERS:
             for scheme in SCHEMES:
                 dataset = f"pairs-{name}-{sampler}-{scheme}"
                 cols = ["id", "negative_ids", "positive_ids"]
                 x, y = read(base, dataset, cols), read(other, dataset, cols)
-                out[dataset] = {
-                    "rows": x.num_rows,
-                    "negatives": sum(
-                        p != q
-                        for p, q in zip(
-                            x["negative_ids"].to_pylist(),
-                            y["negative_ids"].to_pylist(),
-                            strict=True,
-                        )
-                    ),
-                    "positives": sum(
-                        p != q
-                        for p, q in zip(
-                            x["positive_ids"].to_pylist(),
-                            y["positive_ids"].to_pylist(),
-                            strict=True,
-                        )
-                    ),
+                out[dataset] = {"rows": x.num_rows} | {
+                    side: _differing(
+                        x[f"{side[:-1]}_ids"].to_pylist(), y[f"{side[:-1]}_ids"].to_pylist()
+                    )
+                    for side in ("negatives", "positives")
                 }
     return out
 
@@ -183,9 +170,11 @@ def table(results: dict[str, dict], pools: list[str]) -> str:
         "|---|---|---|" + "---:|" * len(levels),
     ]
     for name in pools:
-        cells = [f"{results[lv][f'pools-{name}']['set']} / {results[lv][f'pools-{name}']['order']}"
-                 for lv in levels]  # fmt: skip
-        lines.append(f"| `{name}` | pools changed (set / order) | | " + " | ".join(cells) + " |")
+        changed = [results[lv][f"pools-{name}"] for lv in levels]
+        cells = [f"{c['set']} / {c['order']} / {c['length']}" for c in changed]
+        lines.append(
+            f"| `{name}` | pools changed (set / order / length) | | " + " | ".join(cells) + " |"
+        )
         for sampler in SAMPLERS:
             for scheme in SCHEMES:
                 key = f"pairs-{name}-{sampler}-{scheme}"
