@@ -100,7 +100,11 @@ LINES = [
     ("too_short", b"Thanks!", LF),
     ("overlong", b" ".join([b"rain falls on the hills"] * 600) + b".", LF),
     ("control_char", b"The bell rang\x07 twice before the first class began this morning.", CRLF),
-    ("control_char", b"Press the escape\x1b key to cancel the print job on the old office printer.", LF),
+    (
+        "control_char",
+        b"Press the escape\x1b key to cancel the print job on the old office printer.",
+        LF,
+    ),
     ("duplicate", GOOD[1], LF),
     ("duplicate", GOOD[3], CRLF),
 ]
