@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import yaml
 from pairforge.pipeline.plumbing import schemas as S
-from pairforge.pipeline.plumbing.shards import DatasetWriter, ShardInfo, write_shard
+from pairforge.pipeline.plumbing.shards import DatasetWriter, ShardInfo, open_dataset, write_shard
 from pairforge.pipeline.science.mining_inputs import VECTOR_ROW_GROUP
 from pairforge.pipeline.science.text import sentence_id
 
@@ -243,6 +243,33 @@ def write_embeddings(
         )
         start += rows
     w.finalize(len(shard_rows), extra={"encoder": info})
+
+
+def write_anchor_embeddings(
+    root: Path, clusters: int, shard_rows: list[int], info: dict | None = None, seed: int = 0
+) -> None:
+    """16-d embeddings of ``root``'s sentences (around ``clusters`` random centres, in shards of
+    ``shard_rows``) and of its candidates (each near its anchor's vector, in the candidates'
+    shards), as the embed stage writes them."""
+    ids = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])[S.ID].to_pylist()
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, 16))
+    v = unit(
+        centres[rng.integers(0, clusters, len(ids))] + 0.9 * rng.standard_normal((len(ids), 16))
+    )
+    write_embeddings(root / "data/embeddings/sentences", ids, v, shard_rows, info)
+    cands = open_dataset(root / "data/candidates", S.CANDIDATES)
+    table = cands.read_table([S.ID, S.CANDIDATE_ID])
+    row_of = {sid: i for i, sid in enumerate(ids)}
+    anchor = np.array([row_of[x] for x in table[S.ID].to_pylist()])
+    cv = unit(v[anchor] + 0.4 * rng.standard_normal((len(anchor), 16)))
+    write_embeddings(
+        root / "data/embeddings/candidates",
+        table[S.CANDIDATE_ID].to_pylist(),
+        cv,
+        [s["rows"] for s in cands.manifest["shards"]],
+        info,
+    )
 
 
 def unit(x: np.ndarray) -> np.ndarray:

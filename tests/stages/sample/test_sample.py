@@ -32,6 +32,7 @@ from tests.stages.mining_helpers import (
     copy_project,
     read_json,
     unit,
+    write_anchor_embeddings,
     write_candidates,
     write_embeddings,
 )
@@ -63,21 +64,7 @@ def _cfg(root, **kw) -> SampleConfig:
 def mined(mining_inputs, tmp_path_factory):
     """Sentences, candidates, synthetic embeddings (candidates near their anchor) and pools."""
     root = copy_project(mining_inputs, tmp_path_factory.mktemp("sample"))
-    sentences = open_dataset(root / "data/sentences", S.SENTENCES).read_table([S.ID])
-    ids = sentences[S.ID].to_pylist()
-    rng = np.random.default_rng(0)
-    centres = rng.standard_normal((6, 16))
-    v = unit(centres[rng.integers(0, 6, len(ids))] + 0.9 * rng.standard_normal((len(ids), 16)))
-    write_embeddings(root / "data/embeddings/sentences", ids, v, [40] * 6, INFO)
-    cands = open_dataset(root / "data/candidates", S.CANDIDATES)
-    table = cands.read_table([S.ID, S.CANDIDATE_ID])
-    row_of = {sid: i for i, sid in enumerate(ids)}
-    anchor = np.array([row_of[x] for x in table[S.ID].to_pylist()])
-    cv = unit(v[anchor] + 0.4 * rng.standard_normal((len(anchor), 16)))
-    shard_rows = [s["rows"] for s in cands.manifest["shards"]]
-    write_embeddings(
-        root / "data/embeddings/candidates", table[S.CANDIDATE_ID].to_pylist(), cv, shard_rows, INFO
-    )
+    write_anchor_embeddings(root, clusters=6, shard_rows=[40] * 6, info=INFO)
     mine(
         MineConfig(
             sentences=_paths(root)["sentences"],
